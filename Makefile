@@ -1,0 +1,53 @@
+# Switchyard developer commands. `make test` is what CI runs (.ci/run); `make serve` is the README's first command.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SY := $(BIN)/switchyard
+REPO ?= model_repository
+PACKAGES := exporter services examples
+
+.PHONY: install models serve test lint typecheck pytest bench clean-models
+
+install: $(VENV)/.installed
+
+# Re-runs only when pyproject.toml changes; the torch==2.13.0 CPU wheel is found on local disk via PIP_FIND_LINKS.
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+# Versions 1 and 2 of each example (v2 has other weights); existing versions are kept, so this is idempotent.
+models: install
+	@set -e; \
+	export_one() { name=$$1; version=$$2; factory=$$3; shift 3; \
+	  if [ -d "$(REPO)/$$name/$$version" ]; then echo "$(REPO)/$$name/$$version exists"; \
+	  else $(SY) export "$$factory" --name "$$name" --version "$$version" --repository "$(REPO)" \
+	       --version-policy all --max-batch-size 32 "$$@"; fi; }; \
+	export_one classifier 1 examples.models:build_classifier --input image:FP32:3,64,64; \
+	export_one classifier 2 examples.models:build_classifier_v2 --input image:FP32:3,64,64; \
+	export_one mlp 1 examples.models:build_mlp --input features:FP32:32; \
+	export_one mlp 2 examples.models:build_mlp_v2 --input features:FP32:32
+
+serve: install
+	@if [ -z "$$(ls -d $(REPO)/*/ 2>/dev/null)" ]; then $(MAKE) --no-print-directory models; fi
+	$(SY) serve --repository $(REPO)
+
+lint: install
+	$(BIN)/ruff check .
+
+typecheck: install
+	$(BIN)/mypy --strict $(PACKAGES)
+
+pytest: install
+	$(BIN)/pytest
+
+test: lint typecheck pytest
+
+bench: install
+	@if [ -z "$$(ls -d $(REPO)/*/ 2>/dev/null)" ]; then $(MAKE) --no-print-directory models; fi
+	$(BIN)/python loadtests/bench.py --repository $(REPO)
+
+clean-models:
+	rm -rf $(REPO)/classifier $(REPO)/mlp

@@ -1,0 +1,150 @@
+"""``switchyard export``: build a module from an importable factory and publish the next version."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from exporter.api import STAGES, ExportResult, export
+from exporter.dtypes import torch_dtype
+from exporter.errors import ExportError, InvalidSpecError
+from exporter.specs import TensorSpec
+
+STAGE_LABELS = {
+    "export": "export the module",
+    "check": "load the artifact",
+    "parity": "parity against eager PyTorch",
+    "publish": "publish the version",
+}
+DYNAMIC_DIM_EXAMPLE_SIZE = 8
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export_command)
+
+
+def export_command(
+    factory: Annotated[str, typer.Argument(help="MODULE:FACTORY returning an nn.Module, or (module, example_inputs).")],
+    name: Annotated[str, typer.Option(help="Model name in the repository.")],
+    repository: Annotated[Path, typer.Option(help="Triton model repository.")] = Path("model_repository"),
+    format: Annotated[str, typer.Option("--format", help="onnx or torchscript.")] = "onnx",
+    inputs: Annotated[list[str] | None, typer.Option(
+        "--input", help="NAME:DTYPE:SHAPE without the batch dim, -1 for dynamic dims, e.g. image:FP32:3,64,64."
+    )] = None,
+    max_batch_size: Annotated[int, typer.Option(help="Largest batch the model accepts.")] = 32,
+    version: Annotated[int | None, typer.Option(help="Version to write (default: the next free one).")] = None,
+    instances: Annotated[int, typer.Option(help="instance_group count.")] = 1,
+    kind: Annotated[str, typer.Option(help="instance_group kind: cpu or gpu.")] = "cpu",
+    version_policy: Annotated[str, typer.Option(help="latest:N, all or specific:1,2.")] = "latest:1",
+    max_queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher queue delay.")] = 2000,
+    preferred_batch_size: Annotated[list[int] | None, typer.Option(help="Preferred batch sizes.")] = None,
+    example_batch: Annotated[int, typer.Option(help="Batch size of the generated example inputs.")] = 2,
+    atol: Annotated[float | None, typer.Option(help="Parity tolerance, absolute.")] = None,
+    rtol: Annotated[float | None, typer.Option(help="Parity tolerance, relative.")] = None,
+    debug: Annotated[bool, typer.Option(help="Show Python tracebacks.")] = False,
+) -> None:
+    """Export a PyTorch model, prove it matches eager PyTorch, and write it as a new version."""
+    console = Console(stderr=True)
+    try:
+        module, examples, input_names = _build(factory, inputs or [], example_batch)
+        dynamic_axes = _dynamic_axes(inputs or [])
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                      console=console, transient=False) as progress:
+            tasks = {s: progress.add_task(STAGE_LABELS[s], total=1, start=False) for s in STAGES}
+            current: list[str] = []
+
+            def advance(stage: str) -> None:
+                if current:
+                    progress.update(tasks[current[-1]], completed=1)
+                progress.start_task(tasks[stage])
+                current.append(stage)
+
+            result = export(
+                module, examples, name=name, repository=repository, format=format,  # type: ignore[arg-type]
+                max_batch_size=max_batch_size, version=version, input_names=input_names,
+                dynamic_axes=dynamic_axes or None, instances=instances, kind=kind,  # type: ignore[arg-type]
+                version_policy=version_policy, max_queue_delay_us=max_queue_delay_us,
+                preferred_batch_sizes=preferred_batch_size or (), atol=atol, rtol=rtol, progress=advance,
+            )
+            progress.update(tasks[current[-1]], completed=1)
+    except ExportError as exc:
+        if debug:
+            raise
+        console.print(f"[bold red]export failed:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    Console().print(summary_table(result))
+
+
+def _build(factory: str, inputs: list[str], example_batch: int) -> tuple[torch.nn.Module, Any, list[str] | None]:
+    module_name, _, attr = factory.partition(":")
+    if not module_name or not attr:
+        raise InvalidSpecError(f"invalid factory {factory!r}: expected MODULE:FACTORY, e.g. examples.models:build_mlp")
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidSpecError(f"cannot load {factory!r}: {exc}") from exc
+    finally:
+        sys.path.pop(0)
+    try:
+        built = target()
+    except Exception as exc:
+        raise InvalidSpecError(f"the factory {factory} raised {type(exc).__name__}: {exc}") from exc
+    module, examples = built if isinstance(built, tuple) else (built, None)
+    specs = [TensorSpec.parse(text) for text in inputs]
+    if specs:
+        return module, tuple(_random_input(s, example_batch) for s in specs), [s.name for s in specs]
+    if examples is None:
+        raise InvalidSpecError(
+            f"{factory} returned only a module: describe its inputs with --input NAME:DTYPE:SHAPE "
+            "(e.g. --input image:FP32:3,64,64), or return (module, example_inputs) from the factory"
+        )
+    return module, examples, None
+
+
+def _random_input(spec: TensorSpec, batch: int) -> torch.Tensor:
+    shape = (batch, *(DYNAMIC_DIM_EXAMPLE_SIZE if d == -1 else d for d in spec.dims))
+    dtype = torch_dtype(spec.datatype)
+    generator = torch.Generator().manual_seed(0)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator).to(dtype)
+    # Small non-negative integers are valid indices for any embedding table.
+    return torch.randint(0, 2, shape, generator=generator, dtype=dtype)
+
+
+def _dynamic_axes(inputs: list[str]) -> dict[str, list[int]]:
+    axes = {}
+    for text in inputs:
+        spec = TensorSpec.parse(text)
+        dynamic = [i + 1 for i, d in enumerate(spec.dims) if d == -1]
+        if dynamic:
+            axes[spec.name] = dynamic
+    return axes
+
+
+def summary_table(result: ExportResult) -> Table:
+    table = Table(title=f"{result.name} version {result.version} → {result.model_dir}", title_justify="left")
+    for column in ("tensor", "datatype", "dims", "max abs err", "max rel err", "atol/rtol"):
+        table.add_column(column)
+    worst: dict[str, tuple[float, float, str]] = {}
+    for check in result.parity.checks:
+        prev = worst.get(check.output, (0.0, 0.0, ""))
+        worst[check.output] = (max(prev[0], check.max_abs_error), max(prev[1], check.max_rel_error),
+                               f"{check.atol:g}/{check.rtol:g}")
+    for spec in result.inputs:
+        table.add_row(f"in  {spec.name}", spec.datatype, str(list(spec.dims)), "", "", "")
+    for (spec, (abs_err, rel_err, tol)) in zip(result.outputs, worst.values(), strict=True):
+        table.add_row(f"out {spec.name}", spec.datatype, str(list(spec.dims)), f"{abs_err:.2e}", f"{rel_err:.2e}", tol)
+    table.caption = (f"{result.format} via {result.exporter}; parity at batch sizes "
+                     f"{list(result.parity.batch_sizes)}; " + "; ".join(result.notes))
+    return table

@@ -1,0 +1,88 @@
+"""The per-version ``manifest.json``: what was exported, how, and how faithfully.
+
+Both backends read it (warmup samples, expected outputs), so its layout is a contract:
+``<repository>/<model>/<version>/manifest.json`` next to ``model.onnx`` / ``model.pt`` and the
+``samples/`` folder holding ``inputs.npz`` and ``outputs.npz`` (arrays keyed by tensor name,
+batch dimension first; ``outputs.npz`` is what eager PyTorch produced for ``inputs.npz``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+MANIFEST_FILE = "manifest.json"
+SAMPLES_DIR = "samples"
+SAMPLE_INPUTS_FILE = "samples/inputs.npz"
+SAMPLE_OUTPUTS_FILE = "samples/outputs.npz"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One input or output as served: Triton datatype (``FP32``) and dims without the batch dim."""
+
+    name: str
+    datatype: str
+    dims: list[int]
+    source: str = ""
+    """The name in the PyTorch model (dict key / argument name) when it differs from the served one."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    version: int
+    format: str
+    """``onnx`` or ``torchscript``."""
+    platform: str
+    """Triton platform: ``onnxruntime_onnx`` or ``pytorch_libtorch``."""
+    artifact: str
+    """File name of the model inside the version folder (``model.onnx`` / ``model.pt``)."""
+    exporter: str
+    """Which exporter produced the artifact (``torch.onnx.dynamo``, ``torch.onnx.torchscript``,
+    ``torch.jit.script``, ``torch.jit.trace``)."""
+    max_batch_size: int
+    inputs: list[TensorEntry]
+    outputs: list[TensorEntry]
+    files: dict[str, str]
+    """sha256 of every file in the version folder, keyed by path relative to it."""
+    toolchain: dict[str, str]
+    """Versions of python, torch, onnx, onnxruntime and the ONNX opset used."""
+    parity: dict[str, Any]
+    sample_inputs: str = SAMPLE_INPUTS_FILE
+    sample_outputs: str = SAMPLE_OUTPUTS_FILE
+    created_at: str = ""
+    format_version: int = FORMAT_VERSION
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        fields = dict(data)
+        fields["inputs"] = [TensorEntry(**t) for t in data["inputs"]]
+        fields["outputs"] = [TensorEntry(**t) for t in data["outputs"]]
+        return cls(**fields)
+
+
+def read_manifest(version_dir: Path) -> Manifest:
+    """Read ``version_dir/manifest.json``; raises ``FileNotFoundError`` / ``ValueError`` if absent or bad."""
+    path = version_dir / MANIFEST_FILE
+    try:
+        data = json.loads(path.read_text())
+        return Manifest.from_dict(data)
+    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not a valid Switchyard manifest: {exc}") from exc
+
+
+def read_samples(version_dir: Path, relative: str) -> dict[str, npt.NDArray[Any]]:
+    """Load a samples ``.npz`` (inputs or expected outputs) as name -> array, batch dim first."""
+    with np.load(version_dir / relative, allow_pickle=False) as archive:
+        return {key: archive[key] for key in archive.files}

@@ -1,0 +1,80 @@
+"""``config.pbtxt`` built as a Triton ``ModelConfig`` protobuf and written with ``text_format``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from exporter.dtypes import config_type
+from exporter.errors import RepositoryError
+from exporter.specs import ExportOptions, TensorSpec, VersionPolicy
+
+CONFIG_FILE = "config.pbtxt"
+WARMUP_DIR = "warmup"
+PLATFORMS = {"onnx": "onnxruntime_onnx", "torchscript": "pytorch_libtorch"}
+
+
+def build_config(
+    options: ExportOptions,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    warmup_dims: Mapping[str, Sequence[int]],
+) -> mc.ModelConfig:
+    """``warmup_dims`` gives, per input, the concrete dims (no batch) of the sample in ``warmup/<input>``."""
+    config = mc.ModelConfig(
+        name=options.name,
+        platform=PLATFORMS[options.format],
+        max_batch_size=options.max_batch_size,
+    )
+    for spec in inputs:
+        config.input.add(name=spec.name, data_type=_dtype(spec), dims=list(spec.dims))
+    for spec in outputs:
+        config.output.add(name=spec.name, data_type=_dtype(spec), dims=list(spec.dims))
+    batching = config.dynamic_batching
+    batching.max_queue_delay_microseconds = options.max_queue_delay_us
+    batching.preferred_batch_size.extend(options.preferred_batch_sizes)
+    kind = mc.ModelInstanceGroup.KIND_GPU if options.kind == "gpu" else mc.ModelInstanceGroup.KIND_CPU
+    config.instance_group.add(count=options.instances, kind=kind)
+    _set_version_policy(config.version_policy, options.version_policy)
+    warmup = config.model_warmup.add(name="sample_request", batch_size=1)
+    for spec in inputs:
+        warmup.inputs[spec.name].data_type = _dtype(spec)
+        warmup.inputs[spec.name].dims.extend(warmup_dims[spec.name])
+        warmup.inputs[spec.name].input_data_file = spec.name
+    return config
+
+
+def _dtype(spec: TensorSpec) -> int:
+    return int(mc.DataType.Value(config_type(spec.datatype)))
+
+
+def _set_version_policy(target: mc.ModelVersionPolicy, policy: VersionPolicy) -> None:
+    if policy.kind == "all":
+        target.all.SetInParent()
+    elif policy.kind == "specific":
+        target.specific.versions.extend(policy.versions)
+    else:
+        target.latest.num_versions = policy.num_versions
+
+
+def to_text(config: mc.ModelConfig) -> str:
+    return text_format.MessageToString(config)
+
+
+def read_config(path: Path) -> mc.ModelConfig:
+    try:
+        return text_format.Parse(path.read_text(), mc.ModelConfig())
+    except text_format.ParseError as exc:
+        raise RepositoryError(f"{path} is not a valid Triton model config: {exc}") from exc
+
+
+def signature(config: mc.ModelConfig) -> tuple[object, ...]:
+    """What every version of a model must agree on, since they share one ``config.pbtxt``."""
+    return (
+        config.platform,
+        tuple((t.name, t.data_type, tuple(t.dims)) for t in config.input),
+        tuple((t.name, t.data_type, tuple(t.dims)) for t in config.output),
+    )

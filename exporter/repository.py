@@ -1,0 +1,144 @@
+"""The versioned Triton model repository: version numbering and atomic publication.
+
+A version is assembled in a hidden staging folder inside the repository (same filesystem) and
+moved into place with one ``rename``, so a server polling the repository never sees a
+half-written version, and a failed or killed export leaves no version folder behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from exporter.errors import RepositoryError
+from exporter.model_config import CONFIG_FILE, WARMUP_DIR
+from exporter.specs import validate_model_name
+
+LOCK_FILE = ".switchyard.lock"
+STAGING_PREFIX = ".staging-"
+
+
+class ModelRepository:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def model_dir(self, name: str) -> Path:
+        return self.root / validate_model_name(name)
+
+    def versions(self, name: str) -> list[int]:
+        directory = self.model_dir(name)
+        if not directory.is_dir():
+            return []
+        return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+
+    def next_version(self, name: str) -> int:
+        return max(self.versions(name), default=0) + 1
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Serialise publishers (several exports into one repository) with an advisory file lock."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / LOCK_FILE, "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def staging(self) -> Iterator[Path]:
+        """A private folder inside the repository, removed whatever happens."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._remove_abandoned_staging()
+        path = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=self.root))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def publish(
+        self,
+        name: str,
+        version: int,
+        staged_version: Path,
+        config_text: str,
+        warmup: Mapping[str, bytes],
+    ) -> Path:
+        """Move a fully written version folder into place and update the model's shared files.
+
+        Call under ``locked()``. The version folder appears in one rename; ``config.pbtxt`` and the
+        warmup files are replaced one by one with ``os.replace``, each atomic.
+        """
+        model_dir = self.model_dir(name)
+        target = model_dir / str(version)
+        if target.exists():
+            raise RepositoryError(
+                f"version {version} of model {name!r} already exists at {target}; omit the version to "
+                "write the next free one, or pick an unused number"
+            )
+        staging = staged_version.parent
+        (staging / CONFIG_FILE).write_text(config_text)
+        warmup_dir = staging / WARMUP_DIR
+        warmup_dir.mkdir(exist_ok=True)
+        for file_name, data in warmup.items():
+            (warmup_dir / file_name).write_bytes(data)
+        _fsync_tree(staging)
+        if not model_dir.exists():
+            new_model = staging / "model"
+            new_model.mkdir()
+            os.rename(staged_version, new_model / str(version))
+            os.rename(staging / CONFIG_FILE, new_model / CONFIG_FILE)
+            os.rename(warmup_dir, new_model / WARMUP_DIR)
+            os.rename(new_model, model_dir)
+            return target
+        os.rename(staged_version, target)
+        try:
+            (model_dir / WARMUP_DIR).mkdir(exist_ok=True)
+            for file_name in warmup:
+                os.replace(warmup_dir / file_name, model_dir / WARMUP_DIR / file_name)
+            os.replace(staging / CONFIG_FILE, model_dir / CONFIG_FILE)
+        except OSError:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        return target
+
+    def _remove_abandoned_staging(self) -> None:
+        # A publisher killed mid-export leaves its staging folder; its PID in the name tells if it is gone.
+        for path in self.root.glob(f"{STAGING_PREFIX}*"):
+            pid_text = path.name.removeprefix(STAGING_PREFIX).split("-", 1)[0]
+            if pid_text.isdigit() and not _alive(int(pid_text)):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+
+
+def sha256_files(directory: Path) -> dict[str, str]:
+    digests = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        digests[path.relative_to(directory).as_posix()] = digest.hexdigest()
+    return digests

@@ -1,0 +1,149 @@
+"""Frozen, self-validating descriptions of what an export should produce."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from exporter.dtypes import TRITON_DATATYPES
+from exporter.errors import InvalidSpecError
+
+Format = Literal["onnx", "torchscript"]
+Kind = Literal["cpu", "gpu"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def validate_model_name(name: str) -> str:
+    """Model names become directory names in the repository and path segments in URLs."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name.startswith("."):
+        raise InvalidSpecError(
+            f"invalid model name {name!r}: use letters, digits, '_', '-' and '.', "
+            "not starting with '.' and without path separators (e.g. 'resnet50' or 'fraud-v2')"
+        )
+    return name
+
+
+def validate_tensor_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidSpecError(
+            f"invalid tensor name {name!r}: use letters, digits, '_', '-' and '.' (e.g. 'input_ids')"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A served tensor: Triton datatype and dims **without** the batch dim (``-1`` = dynamic)."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        validate_tensor_name(self.name)
+        if self.datatype not in TRITON_DATATYPES:
+            raise InvalidSpecError(
+                f"tensor {self.name!r}: unknown datatype {self.datatype!r}; "
+                f"expected one of {', '.join(sorted(TRITON_DATATYPES))}"
+            )
+        if any(d == 0 or d < -1 for d in self.dims):
+            raise InvalidSpecError(
+                f"tensor {self.name!r}: dims {list(self.dims)} must be positive sizes or -1 for dynamic"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> TensorSpec:
+        """``NAME:DTYPE:SHAPE`` as given on the command line, e.g. ``image:FP32:3,64,64``."""
+        parts = text.split(":")
+        if len(parts) != 3:
+            raise InvalidSpecError(
+                f"invalid --input {text!r}: expected NAME:DTYPE:SHAPE, e.g. image:FP32:3,64,64 "
+                "(shape without the batch dim, -1 for a dynamic dim)"
+            )
+        name, dtype, shape = parts
+        try:
+            dims = tuple(int(d) for d in shape.split(",") if d.strip())
+        except ValueError:
+            raise InvalidSpecError(
+                f"invalid shape {shape!r} in --input {text!r}: expected comma-separated integers like 3,64,64"
+            ) from None
+        return cls(name=name, datatype=dtype.upper().removeprefix("TYPE_"), dims=dims)
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """Which versions Triton (and the embedded runtime) load: ``latest:N``, ``all`` or ``specific:1,2``."""
+
+    kind: Literal["latest", "all", "specific"] = "latest"
+    num_versions: int = 1
+    versions: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind == "latest" and self.num_versions < 1:
+            raise InvalidSpecError(f"version policy latest:{self.num_versions}: N must be at least 1")
+        if self.kind == "specific" and (not self.versions or min(self.versions) < 1):
+            raise InvalidSpecError("version policy specific: list versions >= 1, e.g. specific:1,2")
+
+    @classmethod
+    def parse(cls, text: str) -> VersionPolicy:
+        kind, _, arg = text.strip().partition(":")
+        try:
+            if kind == "all" and not arg:
+                return cls(kind="all")
+            if kind == "latest":
+                return cls(kind="latest", num_versions=int(arg or 1))
+            if kind == "specific":
+                return cls(kind="specific", versions=tuple(int(v) for v in arg.split(",")))
+        except ValueError:
+            pass
+        raise InvalidSpecError(
+            f"invalid version policy {text!r}: expected 'latest:N', 'all' or 'specific:1,2'"
+        )
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """Everything about an export except the module and its example inputs."""
+
+    name: str
+    repository: str = "model_repository"
+    format: Format = "onnx"
+    max_batch_size: int = 32
+    version: int | None = None
+    instances: int = 1
+    kind: Kind = "cpu"
+    version_policy: VersionPolicy = field(default_factory=VersionPolicy)
+    max_queue_delay_us: int = 2000
+    preferred_batch_sizes: tuple[int, ...] = ()
+    atol: float | None = None
+    rtol: float | None = None
+    opset: int | None = None
+    allow_fake_quant: bool = False
+
+    def __post_init__(self) -> None:
+        validate_model_name(self.name)
+        if self.format not in ("onnx", "torchscript"):
+            raise InvalidSpecError(f"invalid format {self.format!r}: expected 'onnx' or 'torchscript'")
+        if self.kind not in ("cpu", "gpu"):
+            raise InvalidSpecError(f"invalid instance kind {self.kind!r}: expected 'cpu' or 'gpu'")
+        if self.max_batch_size < 1:
+            raise InvalidSpecError(
+                f"max_batch_size must be at least 1 (got {self.max_batch_size}); the exporter always "
+                "exports a dynamic batch dim"
+            )
+        if self.version is not None and self.version < 1:
+            raise InvalidSpecError(f"version must be an integer >= 1 (got {self.version})")
+        if self.instances < 1:
+            raise InvalidSpecError(f"instances must be at least 1 (got {self.instances})")
+        if self.max_queue_delay_us < 0:
+            raise InvalidSpecError(f"max_queue_delay_us must be >= 0 (got {self.max_queue_delay_us})")
+        bad = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch_size]
+        if bad:
+            raise InvalidSpecError(
+                f"preferred batch sizes {bad} must lie between 1 and max_batch_size={self.max_batch_size}"
+            )
+        for label, tol in (("atol", self.atol), ("rtol", self.rtol)):
+            if tol is not None and tol < 0:
+                raise InvalidSpecError(f"{label} must be >= 0 (got {tol})")

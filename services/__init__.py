@@ -1,0 +1,1 @@
+"""Switchyard services: the inference gateway and the root command line."""

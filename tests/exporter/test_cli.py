@@ -1,0 +1,51 @@
+"""The ``switchyard export`` command as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+
+
+def switchyard(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "services", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, check=False)
+
+
+def test_cli_export_prints_summary_when_export_succeeds(repo: Path) -> None:
+    done = switchyard("export", "examples.models:build_mlp", "--name", "mlp", "--repository", str(repo),
+                      "--input", "features:FP32:32", "--version-policy", "all")
+
+    assert done.returncode == 0, done.stderr
+    assert "mlp version 1" in done.stdout
+    assert "probabilities" in done.stdout
+    assert "parity against eager PyTorch" in done.stderr
+    assert (repo / "mlp" / "1" / "model.onnx").exists()
+
+
+def test_cli_export_prints_one_paragraph_without_traceback_when_input_is_bad(repo: Path) -> None:
+    done = switchyard("export", "examples.models:build_mlp", "--name", "mlp", "--repository", str(repo),
+                      "--input", "features:FP32:thirty-two")
+
+    assert done.returncode == 1
+    assert "export failed: invalid shape 'thirty-two'" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (repo / "mlp").exists()
+
+
+def test_cli_export_explains_missing_inputs_when_factory_returns_only_a_module(repo: Path) -> None:
+    done = switchyard("export", "examples.models:build_mlp", "--name", "mlp", "--repository", str(repo))
+
+    assert done.returncode == 1
+    assert "describe its inputs with --input NAME:DTYPE:SHAPE" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_export_shows_traceback_when_debug_is_set(repo: Path) -> None:
+    done = switchyard("export", "examples.nope:build", "--name", "mlp", "--repository", str(repo), "--debug")
+
+    assert done.returncode == 1
+    assert "Traceback" in done.stderr
+    assert "InvalidSpecError" in done.stderr

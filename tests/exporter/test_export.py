@@ -1,0 +1,159 @@
+"""End-to-end exports of the example models: artifacts, configs, manifests, numbering."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from examples.models import build_classifier, build_mlp, build_mlp_v2, classifier_inputs, mlp_inputs
+from exporter import ExportError, InvalidSpecError, RepositoryError, export
+from exporter.manifest import read_manifest, read_samples
+from tests.exporter.conftest import listing
+
+
+def parse_config(path: Path) -> mc.ModelConfig:
+    return text_format.Parse(path.read_text(), mc.ModelConfig())
+
+
+def test_export_writes_verified_onnx_version_when_classifier_exported(repo: Path) -> None:
+    module = build_classifier()
+    result = export(module, classifier_inputs(2), name="classifier", repository=repo,
+                    input_names=["image"], version_policy="all", preferred_batch_sizes=[8, 16])
+
+    assert result.version == 1
+    assert result.model_dir == repo / "classifier" / "1"
+    assert result.exporter == "torch.onnx.dynamo"
+    assert 0 <= result.max_abs_error < 1e-4
+    assert result.parity.batch_sizes == (1, 7, 32)
+
+    config = parse_config(result.config_path)
+    assert config.name == "classifier"
+    assert config.platform == "onnxruntime_onnx"
+    assert config.max_batch_size == 32
+    assert [(t.name, t.data_type, list(t.dims)) for t in config.input] == [("image", mc.TYPE_FP32, [3, 64, 64])]
+    assert [(t.name, t.data_type, list(t.dims)) for t in config.output] == [("output", mc.TYPE_FP32, [10])]
+    assert list(config.dynamic_batching.preferred_batch_size) == [8, 16]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert config.instance_group[0].count == 1
+    assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
+    assert config.version_policy.WhichOneof("policy_choice") == "all"
+    warmup = config.model_warmup[0]
+    assert warmup.batch_size == 1
+    assert warmup.inputs["image"].input_data_file == "image"
+    raw = (repo / "classifier" / "warmup" / "image").read_bytes()
+    assert len(raw) == 3 * 64 * 64 * 4
+
+    session = ort.InferenceSession(str(result.model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    batch = classifier_inputs(5, seed=9)
+    (got,) = session.run(None, {"image": batch.numpy()})
+    with torch.no_grad():
+        expected = module(batch).numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_export_manifest_records_hashes_toolchain_parity_and_samples_when_published(repo: Path) -> None:
+    result = export(build_mlp(), {"features": mlp_inputs(3)}, name="mlp", repository=repo)
+
+    manifest = read_manifest(result.model_dir)
+    assert manifest.name == "mlp"
+    assert manifest.version == 1
+    assert manifest.exporter == "torch.onnx.dynamo"
+    assert set(manifest.files) == {"model.onnx", "samples/inputs.npz", "samples/outputs.npz"}
+    assert all(len(h) == 64 for h in manifest.files.values())
+    assert manifest.toolchain["torch"] == torch.__version__
+    assert int(manifest.toolchain["opset"]) >= 17
+    assert manifest.parity["passed"] is True
+    assert [o.name for o in manifest.outputs] == ["logits", "probabilities"]
+    samples = read_samples(result.model_dir, manifest.sample_inputs)
+    expected = read_samples(result.model_dir, manifest.sample_outputs)
+    assert samples["features"].shape == (3, 32)
+    assert set(expected) == {"logits", "probabilities"}
+    with torch.no_grad():
+        eager = build_mlp()(torch.from_numpy(samples["features"]))
+    np.testing.assert_allclose(expected["logits"], eager["logits"].numpy(), rtol=1e-6)
+    assert json.loads((result.model_dir / "manifest.json").read_text())["format_version"] == 1
+
+
+def test_export_writes_torchscript_with_triton_names_when_format_is_torchscript(repo: Path) -> None:
+    module = build_mlp()
+    result = export(module, mlp_inputs(4), name="mlp_ts", repository=repo, format="torchscript")
+
+    assert result.exporter == "torch.jit.script"
+    config = parse_config(result.config_path)
+    assert config.platform == "pytorch_libtorch"
+    assert [t.name for t in config.input] == ["INPUT__0"]
+    assert [t.name for t in config.output] == ["OUTPUT__0", "OUTPUT__1"]
+    manifest = read_manifest(result.model_dir)
+    assert [o.source for o in manifest.outputs] == ["logits", "probabilities"]
+    loaded = torch.jit.load(str(result.model_dir / "model.pt"))
+    batch = mlp_inputs(6, seed=4)
+    with torch.no_grad():
+        logits, probabilities = loaded(batch)
+        eager = module(batch)
+    torch.testing.assert_close(logits, eager["logits"])
+    torch.testing.assert_close(probabilities, eager["probabilities"])
+
+
+def test_export_numbers_versions_when_exported_repeatedly(repo: Path) -> None:
+    first = export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"])
+    second = export(build_mlp_v2(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"])
+    fifth = export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"], version=5)
+    sixth = export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"])
+
+    assert (first.version, second.version, fifth.version, sixth.version) == (1, 2, 5, 6)
+    v1 = ort.InferenceSession(str(first.model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    v2 = ort.InferenceSession(str(second.model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = {"features": mlp_inputs(2, seed=5).numpy()}
+    assert not np.allclose(v1.run(None, x)[0], v2.run(None, x)[0])
+
+
+def test_export_refuses_existing_version_when_version_given(repo: Path) -> None:
+    export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"])
+    before = listing(repo)
+
+    with pytest.raises(RepositoryError, match="version 1 of model 'mlp' already exists"):
+        export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"], version=1)
+
+    assert listing(repo) == before
+
+
+def test_export_refuses_other_signature_when_model_has_versions(repo: Path) -> None:
+    export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"])
+    before = listing(repo)
+
+    with pytest.raises(RepositoryError, match="share one config.pbtxt"):
+        export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["renamed"])
+
+    assert listing(repo) == before
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "", ".hidden", "spaces here", "semi;colon"])
+def test_export_refuses_name_when_it_is_not_a_safe_directory_name(repo: Path, name: str) -> None:
+    with pytest.raises(InvalidSpecError, match="invalid model name"):
+        export(build_mlp(), mlp_inputs(2), name=name, repository=repo)
+
+    assert listing(repo) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_batch_size": 0}, "max_batch_size must be at least 1"),
+        ({"version": 0}, "version must be an integer >= 1"),
+        ({"format": "tflite"}, "expected 'onnx' or 'torchscript'"),
+        ({"version_policy": "newest"}, "expected 'latest:N', 'all' or 'specific:1,2'"),
+        ({"preferred_batch_sizes": [64]}, "between 1 and max_batch_size=32"),
+    ],
+)
+def test_export_refuses_options_when_they_are_invalid(repo: Path, kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ExportError, match=message):
+        export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, **kwargs)  # type: ignore[arg-type]
+
+    assert listing(repo) == []

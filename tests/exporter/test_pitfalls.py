@@ -1,0 +1,203 @@
+"""Each pitfall, triggered by a real module: a clear ExportError, or correct handling."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from google.protobuf import text_format
+from torch import nn
+from tritonclient.grpc import model_config_pb2 as mc
+
+from exporter import DynamicBatchError, ModelError, ParityError, UnsupportedOperatorError, export
+from tests.exporter.conftest import listing
+
+
+class Linear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+class SumsOverBatch(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sum(dim=0, keepdim=True)
+
+
+class FixedBatchView(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(4, -1) * 2
+
+
+class Eigenvalues(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.eigvalsh(x @ x.transpose(-1, -2))
+
+
+class Raises(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("expected 3 channels")
+
+
+class KwargsOnly(nn.Module):
+    def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
+        return inputs["ids"].float() * 2 + inputs["mask"].float()
+
+
+class ListOutputs(nn.Module):
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [x + 1, x * 2]
+
+
+class Transposes(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+
+class LenBranch(nn.Module):
+    """Unscriptable (**kw) with a shape-dependent branch: a trace freezes the branch it saw."""
+
+    def forward(self, x: torch.Tensor, **kw: torch.Tensor) -> torch.Tensor:
+        if len(x) > 2:
+            return x * 2
+        return x + 1
+
+
+class CountsCalls(nn.Module):
+    """Python-side state: eager answers change from call to call, an exported graph cannot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x * self.calls
+
+
+def test_export_refuses_output_when_batch_axis_is_reduced(repo: Path) -> None:
+    with pytest.raises(DynamicBatchError, match="output 'output' has shape \\(1, 8\\)"):
+        export(SumsOverBatch(), torch.randn(4, 8), name="m", repository=repo)
+    assert listing(repo) == []
+
+
+def test_export_refuses_output_when_batch_axis_comes_out_static(repo: Path) -> None:
+    with pytest.raises(DynamicBatchError, match="fixed batch axis \\(size 4\\)"):
+        export(FixedBatchView(), torch.randn(4, 3), name="m", repository=repo)
+    assert listing(repo) == []
+
+
+def test_export_names_operator_when_no_exporter_can_convert_it(repo: Path) -> None:
+    with pytest.raises(UnsupportedOperatorError, match="linalg_eigh") as caught:
+        export(Eigenvalues(), torch.randn(4, 3, 3), name="m", repository=repo)
+    assert "linalg_eigh" in caught.value.operator
+    assert "format='torchscript'" in str(caught.value)
+    assert listing(repo) == []
+
+
+def test_export_refuses_model_when_qat_modules_remain(repo: Path) -> None:
+    model = nn.Sequential(nn.Linear(8, 4))
+    model.qconfig = torch.ao.quantization.QConfig(  # type: ignore[assignment]
+        activation=torch.ao.quantization.FakeQuantize.with_args(observer=torch.ao.quantization.MinMaxObserver),
+        weight=torch.ao.quantization.default_weight_fake_quant,
+    )
+    with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.ao.quantization.prepare_qat(model.train(), inplace=True)
+
+    with pytest.raises(ModelError, match="quantization-aware-training modules") as caught:
+        export(model, torch.randn(2, 8), name="m", repository=repo)
+    assert "torch.ao.quantization.convert" in str(caught.value)
+    assert listing(repo) == []
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_export_declares_fp16_when_model_is_half_precision(repo: Path, fmt: str) -> None:
+    torch.manual_seed(0)
+    result = export(Linear().half(), torch.randn(3, 8).half(), name=f"half_{fmt}", repository=repo,
+                    format=fmt)  # type: ignore[arg-type]
+
+    config = text_format.Parse(result.config_path.read_text(), mc.ModelConfig())
+    assert config.input[0].data_type == mc.TYPE_FP16
+    assert config.output[0].data_type == mc.TYPE_FP16
+    assert result.parity.checks[0].atol == 1e-2
+
+
+def test_export_flattens_list_outputs_into_named_outputs_in_order(repo: Path) -> None:
+    result = export(ListOutputs(), torch.randn(2, 5), name="m", repository=repo)
+
+    assert [o.name for o in result.outputs] == ["output__0", "output__1"]
+    session = ort.InferenceSession(str(result.model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = np.ones((3, 5), np.float32)
+    plus_one, times_two = session.run(["output__0", "output__1"], {"input__0": x})
+    np.testing.assert_allclose(plus_one, x + 1)
+    np.testing.assert_allclose(times_two, x * 2)
+
+
+def test_export_serves_kwargs_forward_when_inputs_are_named(repo: Path) -> None:
+    inputs = {"ids": torch.randint(0, 5, (2, 6)), "mask": torch.ones(2, 6, dtype=torch.int64)}
+    result = export(KwargsOnly(), inputs, name="m", repository=repo)
+
+    assert [(i.name, i.datatype) for i in result.inputs] == [("ids", "INT64"), ("mask", "INT64")]
+
+
+def test_export_explains_kwargs_forward_when_inputs_are_positional(repo: Path) -> None:
+    with pytest.raises(ModelError, match=r"forward\(\*\*kwargs\).*Pass example_inputs as a dict"):
+        export(KwargsOnly(), (torch.ones(2, 6),), name="m", repository=repo)
+
+
+def test_export_wraps_error_when_forward_raises(repo: Path) -> None:
+    with pytest.raises(ModelError, match="forward raised ValueError: expected 3 channels") as caught:
+        export(Raises(), torch.randn(2, 4), name="m", repository=repo)
+    assert isinstance(caught.value.__cause__, ValueError)
+    assert listing(repo) == []
+
+
+def test_export_refuses_model_when_it_spans_devices(repo: Path) -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
+    model[1].to("meta")
+
+    with pytest.raises(ModelError, match="more than one device") as caught:
+        export(model, torch.randn(2, 8), name="m", repository=repo)
+    assert "meta" in str(caught.value)
+    assert "cpu" in str(caught.value)
+
+
+def test_export_handles_input_when_it_is_not_contiguous(repo: Path) -> None:
+    transposed = torch.randn(8, 4).t()
+    assert not transposed.is_contiguous()
+
+    result = export(Transposes(), transposed, name="m", repository=repo)
+
+    assert result.max_abs_error < 1e-5
+    assert any("not contiguous" in note for note in result.notes)
+
+
+def test_export_catches_frozen_branch_when_trace_is_the_fallback(repo: Path) -> None:
+    with pytest.raises(ParityError, match="traced") as caught:
+        export(LenBranch(), torch.randn(4, 3), name="m", repository=repo, format="torchscript")
+    assert "torch.jit.script" in str(caught.value)
+    assert listing(repo) == []
+
+
+def test_export_reports_parity_failure_when_export_is_unfaithful(repo: Path) -> None:
+    with pytest.raises(ParityError, match=r"output @ batch \d+: max abs") as caught:
+        export(CountsCalls(), torch.randn(4, 3), name="m", repository=repo)
+    assert "tolerance atol=0.0001, rtol=0.0001" in str(caught.value)
+    assert listing(repo) == []
+
+
+def test_export_puts_model_back_in_training_mode_when_it_was_training(repo: Path) -> None:
+    model = nn.Sequential(nn.Linear(8, 4), nn.Dropout(0.5)).train()
+
+    result = export(model, torch.randn(2, 8), name="m", repository=repo)
+
+    assert model.training
+    assert result.max_abs_error < 1e-4
