@@ -20,15 +20,7 @@ $(VENV)/.installed: pyproject.toml
 
 # Versions 1 and 2 of each example (v2 has other weights); existing versions are kept, so this is idempotent.
 models: install
-	@set -e; \
-	export_one() { name=$$1; version=$$2; factory=$$3; shift 3; \
-	  if [ -d "$(REPO)/$$name/$$version" ]; then echo "$(REPO)/$$name/$$version exists"; \
-	  else $(SY) export "$$factory" --name "$$name" --version "$$version" --repository "$(REPO)" \
-	       --version-policy all --max-batch-size 32 "$$@"; fi; }; \
-	export_one classifier 1 examples.models:build_classifier --input image:FP32:3,64,64; \
-	export_one classifier 2 examples.models:build_classifier_v2 --input image:FP32:3,64,64; \
-	export_one mlp 1 examples.models:build_mlp --input features:FP32:32; \
-	export_one mlp 2 examples.models:build_mlp_v2 --input features:FP32:32
+	$(BIN)/python -m examples.export_examples --repository $(REPO)
 
 serve: install
 	@if [ -z "$$(ls -d $(REPO)/*/ 2>/dev/null)" ]; then $(MAKE) --no-print-directory models; fi

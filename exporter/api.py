@@ -168,7 +168,7 @@ def _export(
             prepared, runner, parity_batch_sizes(options.max_batch_size),
             atol=options.atol if options.atol is not None else tolerance,
             rtol=options.rtol if options.rtol is not None else tolerance,
-            hint=hint,
+            hint=hint, dynamic_dims=_input_dynamic_dims(prepared, dynamic_axes),
         )
         in_specs, out_specs = _tensor_specs(prepared, served_in, served_out, dynamic_axes, options.format)
         report("publish")
@@ -232,6 +232,16 @@ def _tensor_specs(
         # that is not fixed across the example and a resized run as dynamic.
         outs = _widen_output_dims(prepared, outs, axes)
     return ins, outs
+
+
+def _input_dynamic_dims(prepared: PreparedModel, axes: DynamicAxes | None) -> dict[str, list[int]]:
+    result = {}
+    for name in prepared.input_names:
+        declared = (axes or {}).get(name, {})
+        dynamic = sorted({int(a) for a in (declared.keys() if isinstance(declared, Mapping) else declared)} - {0})
+        if dynamic:
+            result[name] = dynamic
+    return result
 
 
 def _widen_output_dims(

@@ -3,7 +3,7 @@ batch 1, an odd size and ``max_batch_size``. An export that answers differently 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -77,9 +77,12 @@ def default_tolerance(prepared: PreparedModel) -> float:
     return DEFAULT_TOLERANCE["fp16"] if dtypes & LOW_PRECISION else DEFAULT_TOLERANCE["fp32"]
 
 
-def random_like(example: torch.Tensor, batch: int, generator: torch.Generator) -> torch.Tensor:
-    """Fresh values at another batch size, in the example's dtype and range."""
-    shape = (batch, *example.shape[1:])
+def random_like(
+    example: torch.Tensor, batch: int, generator: torch.Generator, grow_axes: Sequence[int] = (), grow: int = 0
+) -> torch.Tensor:
+    """Fresh values at another batch size (and other sizes of ``grow_axes``), in the example's dtype and range."""
+    shape = tuple(batch if axis == 0 else size + (grow if axis in grow_axes else 0)
+                  for axis, size in enumerate(example.shape))
     if example.dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=generator).bool()
     if not example.is_floating_point():
@@ -100,11 +103,15 @@ def check_parity(
     rtol: float,
     seed: int = 1234,
     hint: str = "",
+    dynamic_dims: Mapping[str, Sequence[int]] | None = None,
 ) -> ParityReport:
+    """``dynamic_dims`` (input name -> non-batch axes) are resized too, differently at each batch size."""
     generator = torch.Generator().manual_seed(seed)
     checks: list[OutputParity] = []
-    for batch in batch_sizes:
-        inputs = tuple(random_like(t, batch, generator) for t in prepared.examples)
+    dims = dynamic_dims or {}
+    for step, batch in enumerate(batch_sizes):
+        inputs = tuple(random_like(t, batch, generator, dims.get(name, ()), grow=step)
+                       for name, t in zip(prepared.input_names, prepared.examples, strict=True))
         with torch.no_grad():
             expected = prepared.flat(*inputs)
         for name, ref in zip(prepared.output_names, expected, strict=True):

@@ -201,3 +201,27 @@ def test_export_puts_model_back_in_training_mode_when_it_was_training(repo: Path
 
     assert model.training
     assert result.max_abs_error < 1e-4
+
+
+class MeanEmbedding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(50, 16)
+
+    def forward(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        vectors = self.embedding(tokens)
+        return {"pooled": vectors.mean(dim=1), "per_token": vectors}
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_export_keeps_extra_axes_dynamic_when_dynamic_axes_given(repo: Path, fmt: str) -> None:
+    tokens = torch.randint(0, 50, (2, 6))
+
+    result = export(MeanEmbedding().eval(), {"tokens": tokens}, name=f"emb_{fmt}", repository=repo,
+                    format=fmt, dynamic_axes={"tokens": [1]})  # type: ignore[arg-type]
+
+    config = text_format.Parse(result.config_path.read_text(), mc.ModelConfig())
+    assert [list(t.dims) for t in config.input] == [[-1]]
+    assert [list(t.dims) for t in config.output] == [[16], [-1, 16]]
+    # parity ran at other sequence lengths than the example's 6
+    assert result.parity.passed
