@@ -7,9 +7,9 @@ SY := $(BIN)/switchyard
 REPO ?= model_repository
 PACKAGES := exporter services examples
 
-.PHONY: install models serve test lint typecheck pytest bench clean-models
+.PHONY: install triton-install triton models serve test lint typecheck pytest bench clean-models
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed triton-install
 
 # Re-runs only when pyproject.toml changes; the torch==2.13.0 CPU wheel is found on local disk via PIP_FIND_LINKS.
 $(VENV)/.installed: pyproject.toml
@@ -17,6 +17,15 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
+
+# Local CPU Triton (nvidia-pytriton wheel + python-backend stub env) under .triton/; idempotent, ~1 s when done.
+triton-install:
+	PYTHON=$(PYTHON) deploy/triton/install.sh
+
+# A real Triton (CPU, explicit model control) serving the repository through a derived python-backend copy.
+triton: install
+	@if [ -z "$$(ls -d $(REPO)/*/ 2>/dev/null)" ]; then $(MAKE) --no-print-directory models; fi
+	$(SY) triton --repository $(REPO) --load classifier --load mlp
 
 # Versions 1 and 2 of each example (v2 has other weights); existing versions are kept, so this is idempotent.
 models: install

@@ -1,0 +1,329 @@
+"""``LocalTriton``: one tritonserver process from the nvidia-pytriton wheel, serving a derived repository.
+
+Started in ``--model-control-mode=explicit`` on 127.0.0.1; ports stay fixed across restarts so clients
+(and the gateway) can reconnect to the same addresses.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from services.tritonlocal.derive import DerivedRepository, build_derived_repository
+from services.tritonlocal.errors import TritonLocalError, TritonStartError
+from services.tritonlocal.install import TritonInstall
+
+__all__ = ["LocalTriton", "TritonPorts", "free_port"]
+
+HOST = "127.0.0.1"
+_POLL_S = 0.1
+_LOG_TAIL_LINES = 30
+
+
+# Loopback traffic must never go through an http_proxy from the environment.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass(frozen=True)
+class TritonPorts:
+    http: int
+    grpc: int
+    metrics: int
+
+
+def free_port() -> int:
+    """A port the kernel considers free now (it may be taken again before it is bound; fine for tests)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalTriton:
+    """Start/stop a local CPU Triton; also a context manager.
+
+    ``repository`` is an exporter repository; it is served through a derived copy (``derived``, by default
+    under the install's ``repositories/``). Ports given as 0 are picked once, at construction. ``load``
+    names models loaded at startup with their config's version policy; the others wait for ``load()``.
+    ``log_file`` receives the server's output (``None``: inherit this process's stdout/stderr).
+    ``stop()`` sends SIGTERM, which Triton honours after draining for up to ``exit_timeout_s``; SIGKILL
+    follows if it is still running after ``stop_timeout_s``.
+    """
+
+    def __init__(
+        self,
+        repository: Path,
+        *,
+        http_port: int = 0,
+        grpc_port: int = 0,
+        metrics_port: int = 0,
+        load: Sequence[str] = (),
+        derived: Path | None = None,
+        install: TritonInstall | None = None,
+        log_file: Path | None = None,
+        ready_timeout_s: float = 60.0,
+        stop_timeout_s: float = 15.0,
+        exit_timeout_s: int = 3,
+    ) -> None:
+        self.install = install or TritonInstall.default()
+        self.source = Path(repository).resolve()
+        self.derived_root = derived or self.install.home / "repositories" / f"{self.source.name}-{_digest(self.source)}"
+        self.ports = TritonPorts(http_port or free_port(), grpc_port or free_port(), metrics_port or free_port())
+        self.startup_models = tuple(load)
+        self.log_file = log_file
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.exit_timeout_s = exit_timeout_s
+        self._process: subprocess.Popen[bytes] | None = None
+        self._repository: DerivedRepository | None = None
+
+    # -- addresses -----------------------------------------------------------------------------------------
+    @property
+    def http_url(self) -> str:
+        """``host:port``, the form tritonclient expects (no scheme)."""
+        return f"{HOST}:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{HOST}:{self.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{HOST}:{self.ports.metrics}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def repository(self) -> DerivedRepository:
+        """The derived repository; built on first use, rebuilt by ``build()`` and every ``start()``."""
+        return self._repository or self.build()
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+    def build(self) -> DerivedRepository:
+        self._repository = build_derived_repository(self.source, self.derived_root)
+        return self._repository
+
+    def command(self) -> list[str]:
+        install = self.install
+        return [
+            str(install.binary),
+            f"--model-repository={self.derived_root}",
+            f"--backend-directory={install.backends}",
+            f"--cache-directory={install.caches}",
+            "--model-control-mode=explicit",
+            *(f"--load-model={name}" for name in self.startup_models),
+            f"--http-address={HOST}",
+            f"--http-port={self.ports.http}",
+            f"--grpc-address={HOST}",
+            f"--grpc-port={self.ports.grpc}",
+            f"--metrics-address={HOST}",
+            f"--metrics-port={self.ports.metrics}",
+            "--allow-gpu-metrics=false",
+            "--pinned-memory-pool-byte-size=0",
+            "--cuda-memory-pool-byte-size=0:0",
+            # The configs are complete; auto-complete would only slow loading down.
+            "--disable-auto-complete-config",
+            # After SIGTERM, Triton waits this long for open HTTP connections (idle keep-alive ones included)
+            # and in-flight requests; its default of 30 s would make every stop slow.
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+        ]
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # The stub finds its interpreter as python3 on PATH and ignores PYTHONPATH/PYTHONHOME.
+        env["PATH"] = f"{self.install.stubenv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        lib = str(self.install.base_lib())
+        env["LD_LIBRARY_PATH"] = f"{lib}{os.pathsep}{env['LD_LIBRARY_PATH']}" if env.get("LD_LIBRARY_PATH") else lib
+        for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
+            env.pop(name, None)
+        return env
+
+    def start(self) -> None:
+        """Check the install, (re)build the derived repository, start tritonserver and wait until it is ready."""
+        if self.running:
+            raise TritonLocalError(f"tritonserver is already running (pid {self.pid})")
+        self.install.check()
+        self._check_ports_free()
+        self.build()
+        log: IO[bytes] | None = self.log_file.open("ab") if self.log_file is not None else None
+        try:
+            self._process = subprocess.Popen(
+                self.command(),
+                env=self.environment(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # Ctrl-C reaches the launcher, which then stops the server cleanly
+            )
+        finally:
+            if log is not None:
+                log.close()
+        _live.add(self._process)
+        try:
+            self.wait_ready(self.ready_timeout_s)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _check_ports_free(self) -> None:
+        # Another server on our port would answer the readiness polls in our place.
+        for kind, port in (("HTTP", self.ports.http), ("gRPC", self.ports.grpc), ("metrics", self.ports.metrics)):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers of a crash are fine
+                try:
+                    sock.bind((HOST, port))
+                except OSError as exc:
+                    raise TritonStartError(
+                        f"{kind} port {port} on {HOST} is in use ({exc.strerror}); pick another"
+                    ) from None
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.running:
+                code = self._process.returncode if self._process is not None else None
+                raise TritonStartError(f"tritonserver exited with code {code} before it was ready{self._log_tail()}")
+            if self.ready():
+                return
+            time.sleep(_POLL_S)
+        raise TritonStartError(f"tritonserver was not ready after {timeout_s:.0f} s{self._log_tail()}")
+
+    def ready(self) -> bool:
+        """``/v2/health/ready``: the server is up and every loaded model is ready."""
+        try:
+            with _DIRECT.open(f"http://{self.http_url}/v2/health/ready", timeout=1.0) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after ``stop_timeout_s``; returns the exit code (``None`` if never started)."""
+        process = self._process
+        if process is None:
+            return None
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(self.stop_timeout_s)
+        _live.discard(process)
+        return process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would (the stubs notice their parent is gone and exit by themselves)."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(self.stop_timeout_s)
+        if process is not None:
+            _live.discard(process)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> LocalTriton:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- model control (gRPC: a load over HTTP can stall HTTP inference) ------------------------------------
+    def load(self, model: str, versions: Sequence[int] | None = None, timeout_s: float = 60.0) -> None:
+        """Load ``model`` with its complete derived config, pinned to ``versions`` when given.
+
+        Returns once the selected versions are ready and the versions the new policy drops have finished
+        unloading (Triton answers the load call before that).
+        """
+        import tritonclient.grpc as grpcclient
+
+        self.build()  # pick up versions exported since the server started
+        config = self.repository.config_json(model, versions)
+        with contextlib.closing(grpcclient.InferenceServerClient(self.grpc_url)) as client:
+            client.load_model(model, config=config, client_timeout=timeout_s)
+            self._settle(client, model, set(versions or ()), timeout_s)
+
+    def unload(self, model: str, timeout_s: float = 30.0) -> None:
+        """Unload ``model`` and return once no version is still unloading."""
+        import tritonclient.grpc as grpcclient
+
+        with contextlib.closing(grpcclient.InferenceServerClient(self.grpc_url)) as client:
+            client.unload_model(model, client_timeout=timeout_s)
+            self._settle(client, model, set(), timeout_s, unloading=True)
+
+    def _settle(self, client: Any, model: str, ready: set[int], timeout_s: float, unloading: bool = False) -> None:
+        deadline = time.monotonic() + timeout_s
+        states: dict[int, str] = {}
+        while time.monotonic() < deadline:
+            states = _states(client, model)
+            moving = {v for v, state in states.items() if state in ("LOADING", "UNLOADING")}
+            if unloading:
+                moving |= {v for v, state in states.items() if state == "READY"}
+            if not moving and all(states.get(v) == "READY" for v in ready):
+                return
+            time.sleep(_POLL_S)
+        raise TritonLocalError(f"model '{model}' did not settle within {timeout_s:.0f} s: {states}")
+
+    def model_states(self, model: str) -> dict[int, str]:
+        """Version → state (``READY``, ``UNAVAILABLE``, ...) from the repository index."""
+        import tritonclient.grpc as grpcclient
+
+        with contextlib.closing(grpcclient.InferenceServerClient(self.grpc_url)) as client:
+            return _states(client, model)
+
+    def _log_tail(self) -> str:
+        if self.log_file is None or not self.log_file.is_file():
+            return ""
+        lines = self.log_file.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
+        return f"; last lines of {self.log_file}:\n" + "\n".join(lines)
+
+
+def _states(client: Any, model: str) -> dict[int, str]:
+    index = client.get_model_repository_index(as_json=True)
+    return {
+        int(entry["version"]): str(entry.get("state", ""))
+        for entry in index.get("models", [])
+        if entry.get("name") == model and entry.get("version")
+    }
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha1(str(path).encode()).hexdigest()[:10]
+
+
+# Servers still running when the interpreter exits (a failed test, an exception in a script) are killed,
+# never orphaned.
+_live: set[subprocess.Popen[bytes]] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for process in list(_live):
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)

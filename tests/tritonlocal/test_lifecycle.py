@@ -1,0 +1,113 @@
+"""Process lifecycle: a crashed server (killed by PID) comes back on the same ports; the CLI stops on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from services.tritonlocal import LocalTriton, TritonInstall
+from tests.tritonlocal.support import sample
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def mlp_answers(server: LocalTriton) -> bool:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        features = sample("mlp", rows=2)["features"]
+        tensor = grpcclient.InferInput("features", list(features.shape), "FP32")
+        tensor.set_data_from_numpy(features)
+        return bool(client.infer("mlp", [tensor], model_version="2").as_numpy("logits").shape == (2, 8))
+    finally:
+        client.close()
+
+
+def wait_for(condition: object, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if callable(condition) and condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_start_serves_again_on_the_same_ports_when_the_server_was_killed_by_pid(
+    install: TritonInstall, repository: Path, tmp_path: Path
+) -> None:
+    server = LocalTriton(repository, load=["mlp"], derived=tmp_path / "derived", install=install,
+                         log_file=tmp_path / "tritonserver.log")
+    with server:
+        assert mlp_answers(server)
+        first_pid, ports = server.pid, server.ports
+        assert first_pid is not None
+        os.kill(first_pid, signal.SIGKILL)
+        assert wait_for(lambda: not server.running, 10.0)
+        assert not server.ready()
+
+        started = time.monotonic()
+        server.start()
+        restart_s = time.monotonic() - started
+        assert server.pid != first_pid
+        assert server.ports == ports
+        assert mlp_answers(server)
+        assert restart_s < 10.0, f"restart took {restart_s:.1f} s"
+    assert not server.running
+
+
+def test_load_serves_a_version_exported_after_the_server_started(
+    install: TritonInstall, repository: Path, tmp_path: Path
+) -> None:
+    source = tmp_path / "repository"
+    shutil.copytree(repository / "mlp", source / "mlp", ignore=shutil.ignore_patterns("2"))
+    with LocalTriton(source, load=["mlp"], derived=tmp_path / "derived", install=install,
+                     log_file=tmp_path / "tritonserver.log") as server:
+        assert server.model_states("mlp") == {1: "READY"}
+        shutil.copytree(repository / "mlp" / "2", source / "mlp" / "2")  # what the exporter publishes
+        server.load("mlp")
+        assert server.model_states("mlp") == {1: "READY", 2: "READY"}
+        assert mlp_answers(server)
+
+
+def test_cli_prints_pid_and_urls_and_stops_the_server_when_interrupted(
+    install: TritonInstall, repository: Path, tmp_path: Path
+) -> None:
+    command = [sys.executable, "-m", "services", "triton", "--repository", str(repository), "--load", "mlp",
+               "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+               "--derived", str(tmp_path / "derived"), "--log-file", str(tmp_path / "tritonserver.log")]
+    env = {**os.environ, "SWITCHYARD_TRITON_HOME": str(install.home), "COLUMNS": "300", "NO_COLOR": "1"}
+    launcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert launcher.stdout is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any("Ctrl-C" in line for line in lines):
+            line = launcher.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+        output = "".join(lines)
+        pid = re.search(r"pid (\d+)", output)
+        http = re.search(r"HTTP\s+http://127\.0\.0\.1:(\d+)", output)
+        assert pid, output
+        assert http, output
+        assert re.search(r"gRPC\s+127\.0\.0\.1:\d+", output)
+        assert re.search(r"metrics\s+http://127\.0\.0\.1:\d+/metrics", output)
+        launcher.send_signal(signal.SIGINT)
+        rest, _ = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(10)
+    assert launcher.returncode == 0, output + rest
+    assert "tritonserver stopped" in rest
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid.group(1)), 0)
