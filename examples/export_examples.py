@@ -26,11 +26,13 @@ class Example:
     input_name: str
     versions: dict[int, Callable[[], nn.Module]]
     inputs: Callable[[int, int], torch.Tensor]
+    output_names: tuple[str, ...] | None = None
 
 
 EXAMPLES = (
     Example("classifier", models.CLASSIFIER_INPUT,
-            {1: models.build_classifier, 2: models.build_classifier_v2}, models.classifier_inputs),
+            {1: models.build_classifier, 2: models.build_classifier_v2}, models.classifier_inputs,
+            output_names=(models.CLASSIFIER_OUTPUT,)),
     Example("mlp", models.MLP_INPUT, {1: models.build_mlp, 2: models.build_mlp_v2}, models.mlp_inputs),
 )
 
@@ -49,7 +51,7 @@ def export_examples(repository: str | Path = "model_repository", console: Consol
                 console.print(f"exporting {example.name} version {version}")
             result = export(
                 build(), {example.input_name: example.inputs(2, 0)}, name=example.name, repository=repository,
-                version=version, max_batch_size=32, version_policy="all",
+                version=version, max_batch_size=32, version_policy="all", output_names=example.output_names,
             )
             if console:
                 console.print(summary_table(result))

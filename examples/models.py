@@ -12,6 +12,7 @@ from torch import nn
 CLASSIFIER_INPUT = "image"
 CLASSIFIER_SHAPE = (3, 64, 64)
 CLASSIFIER_CLASSES = 10
+CLASSIFIER_OUTPUT = "logits"
 
 MLP_INPUT = "features"
 MLP_FEATURES = 32

@@ -15,6 +15,8 @@ from exporter.specs import ExportOptions, TensorSpec, VersionPolicy
 CONFIG_FILE = "config.pbtxt"
 WARMUP_DIR = "warmup"
 PLATFORMS = {"onnx": "onnxruntime_onnx", "torchscript": "pytorch_libtorch"}
+QUEUE_TIMEOUT_CAP_US = 300_000_000
+"""Longest a request may wait in Triton's (and the embedded batcher's) queue; requests set shorter deadlines."""
 
 
 def build_config(
@@ -36,6 +38,10 @@ def build_config(
     batching = config.dynamic_batching
     batching.max_queue_delay_microseconds = options.max_queue_delay_us
     batching.preferred_batch_size.extend(options.preferred_batch_sizes)
+    # Triton ignores a request's v2 ``timeout`` unless the queue policy allows overriding, and it only takes
+    # overrides shorter than the default timeout (0 = none, which no override beats): so a generous cap.
+    batching.default_queue_policy.allow_timeout_override = True
+    batching.default_queue_policy.default_timeout_microseconds = QUEUE_TIMEOUT_CAP_US
     kind = mc.ModelInstanceGroup.KIND_GPU if options.kind == "gpu" else mc.ModelInstanceGroup.KIND_CPU
     config.instance_group.add(count=options.instances, kind=kind)
     _set_version_policy(config.version_policy, options.version_policy)

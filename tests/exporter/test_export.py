@@ -41,6 +41,9 @@ def test_export_writes_verified_onnx_version_when_classifier_exported(repo: Path
     assert [(t.name, t.data_type, list(t.dims)) for t in config.output] == [("output", mc.TYPE_FP32, [10])]
     assert list(config.dynamic_batching.preferred_batch_size) == [8, 16]
     assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+    # Without both, Triton ignores the request's v2 timeout parameter the gateway sends.
+    assert config.dynamic_batching.default_queue_policy.allow_timeout_override
+    assert config.dynamic_batching.default_queue_policy.default_timeout_microseconds == 300_000_000
     assert config.instance_group[0].count == 1
     assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
     assert config.version_policy.WhichOneof("policy_choice") == "all"

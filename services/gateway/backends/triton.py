@@ -1,0 +1,415 @@
+"""The Triton backend: model versions served by a Triton server, reached over gRPC (``tritonclient.grpc.aio``).
+
+This module is the one boundary where Triton's and gRPC's errors become gateway errors. Triton runs in
+``--model-control-mode=explicit``: the backend loads what each model's ``version_policy`` selects, keeps
+that as the wanted state, and loads it again by itself when Triton comes back after a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import tritonclient.grpc.aio as triton
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2
+from tritonclient.utils import InferenceServerException
+
+from services.gateway import repository
+from services.gateway.backends.circuit import CircuitBreaker, CircuitState
+from services.gateway.errors import (
+    BackendUnavailable,
+    DeadlineExceeded,
+    GatewayError,
+    InferenceFailed,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    Overloaded,
+)
+from services.gateway.settings import Settings
+from services.gateway.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
+
+log = logging.getLogger(__name__)
+
+ConfigTransform = Callable[[model_config_pb2.ModelConfig], model_config_pb2.ModelConfig]
+_STATES = {"READY": VersionState.READY, "LOADING": VersionState.LOADING}
+_SETTLE_POLL_S = 0.05
+
+
+def identity(config: model_config_pb2.ModelConfig) -> model_config_pb2.ModelConfig:
+    return config
+
+
+@dataclass(frozen=True)
+class TritonOptions:
+    url: str
+    """Triton's gRPC endpoint, ``host:port``."""
+    control_timeout_s: float = 5.0
+    """Client timeout of health, index and configuration calls."""
+    infer_timeout_s: float = 60.0
+    """Client timeout of an inference that carries no deadline of its own."""
+    load_timeout_s: float = 120.0
+    """How long a load or unload may take until its versions have settled."""
+    probe_interval_s: float = 0.5
+    """Period of the health probe that tracks Triton's liveness and version states."""
+    reload_interval_s: float = 5.0
+    """Least time between two attempts to load wanted versions Triton does not serve (after a restart)."""
+    breaker_failures: int = 3
+    """Consecutive connection failures that open the circuit breaker."""
+    breaker_reset_s: float = 1.0
+    """How long the breaker stays open before one trial request may go through."""
+    reconnect_backoff_s: float = 0.5
+    """Longest wait between two gRPC reconnection attempts once Triton is gone."""
+    max_inflight: int = 4096
+    """Requests in flight to Triton at most; more are refused with 503 at once."""
+    max_message_bytes: int = 64 * 1024 * 1024
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TritonOptions:
+        return cls(
+            url=settings.triton_url,
+            control_timeout_s=settings.triton_control_timeout_s,
+            infer_timeout_s=settings.triton_infer_timeout_s,
+            load_timeout_s=settings.triton_load_timeout_s,
+            probe_interval_s=settings.triton_probe_interval_s,
+            reload_interval_s=settings.triton_reload_interval_s,
+            breaker_failures=settings.triton_breaker_failures,
+            breaker_reset_s=settings.triton_breaker_reset_s,
+            reconnect_backoff_s=settings.triton_reconnect_backoff_s,
+            max_inflight=settings.triton_max_inflight,
+            max_message_bytes=settings.max_body_bytes,
+        )
+
+
+class TritonBackend:
+    """Implements the ``Backend`` protocol against a Triton server in explicit model-control mode.
+
+    ``repository_path`` is the exporter's repository, the one Triton serves; configs come from it because
+    Triton cannot describe a model before it is loaded. ``transform`` maps each config to what this Triton
+    should load (``derive_config`` for the local CPU Triton's python-backend twins; identity otherwise).
+    """
+
+    def __init__(
+        self, repository_path: Path, options: TritonOptions, *, transform: ConfigTransform = identity
+    ) -> None:
+        self._root = repository_path
+        self._options = options
+        self._transform = transform
+        self._breaker = CircuitBreaker(options.breaker_failures, options.breaker_reset_s)
+        self._client: Any = None
+        self._probe: asyncio.Task[None] | None = None
+        self._live = False
+        self._inflight = 0
+        self._entries: dict[str, repository.ModelEntry] = {}
+        self._configs: dict[str, model_config_pb2.ModelConfig] = {}
+        self._metadata: dict[tuple[str, int], ModelMetadata] = {}
+        self._wanted: dict[str, set[int]] = {}
+        self._states: dict[str, dict[int, VersionState]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._last_reload: dict[str, float] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._entries = await asyncio.to_thread(repository.scan, self._root)
+        for name, entry in self._entries.items():
+            self._configs[name] = self._transform(entry.config)
+            self._wanted[name] = set(entry.selected)
+            self._states[name] = dict.fromkeys(entry.selected, VersionState.UNAVAILABLE)  # until Triton says more
+            self._locks[name] = asyncio.Lock()
+        backoff_ms = int(self._options.reconnect_backoff_s * 1000)
+        self._client = triton.InferenceServerClient(
+            self._options.url,
+            channel_args=[
+                ("grpc.max_send_message_length", self._options.max_message_bytes),
+                ("grpc.max_receive_message_length", self._options.max_message_bytes),
+                # Come back within a fraction of a second of Triton's return, not gRPC's default minutes.
+                ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
+                ("grpc.min_reconnect_backoff_ms", min(100, backoff_ms)),
+                ("grpc.max_reconnect_backoff_ms", backoff_ms),
+                ("grpc.keepalive_time_ms", 10_000),
+                ("grpc.keepalive_timeout_ms", 5_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.max_pings_without_data", 0),
+            ],
+        )
+        await self._sync(force_reload=True)
+        if not self._live:
+            log.warning("Triton at %s is not reachable; its models load once it answers", self._options.url)
+        self._probe = asyncio.create_task(self._probe_loop(), name="triton-health-probe")
+
+    async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
+            self._probe = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        self._live = False
+
+    async def live(self) -> bool:
+        return self._live
+
+    def models(self) -> Mapping[str, Mapping[int, VersionState]]:
+        return self._states
+
+    # -- model control (gRPC only: a load over HTTP stalls Triton's HTTP inference) -----------------------
+    async def load(self, model: str, version: int) -> None:
+        entry = repository.find(self._entries, model)
+        # Versions exported after startup are picked up here (the hot switch loads them by number).
+        entry = replace(entry, available=await asyncio.to_thread(repository.available_versions, entry.path))
+        self._entries[model] = entry
+        if version not in entry.available:
+            raise ModelNotFound(f"model '{model}' has no version {version} in the repository")
+        async with self._locks[model]:
+            await self._switch(model, self._wanted[model] | {version})
+
+    async def unload(self, model: str, version: int) -> None:
+        repository.find(self._entries, model)
+        if version not in self._states.get(model, {}):
+            raise ModelNotFound(f"model '{model}' version {version} is not loaded")
+        async with self._locks[model]:
+            # Triton lets the requests in flight on a dropped version finish before unloading it.
+            await self._switch(model, self._wanted[model] - {version})
+
+    async def _switch(self, model: str, wanted: set[int]) -> None:
+        previous, self._wanted[model] = self._wanted[model], wanted
+        try:
+            await self._apply(model, wanted)
+        except GatewayError:
+            self._wanted[model] = previous  # what Triton could not do is not wanted: the probe must not retry it
+            raise
+
+    async def _apply(self, model: str, versions: set[int]) -> None:
+        """Make Triton serve exactly ``versions`` of ``model`` and return once they have settled."""
+        timeout = self._options.load_timeout_s
+        try:
+            if versions:
+                override = _override_json(self._configs[model], versions)
+                await self._client.load_model(model, config=override, client_timeout=timeout)
+            else:
+                await self._client.unload_model(model, client_timeout=timeout)
+            await self._settle(model, versions, deadline=time.monotonic() + timeout)
+        except InferenceServerException as exc:
+            raise self._control_error(exc, f"{'loading' if versions else 'unloading'} model '{model}'") from None
+        finally:
+            self._last_reload[model] = time.monotonic()
+
+    async def _settle(self, model: str, versions: set[int], *, deadline: float) -> None:
+        # Triton answers an unload (and a load that drops versions) while versions are still UNLOADING.
+        while True:
+            index = await self._index()
+            self._update_states(index)
+            states = index.get(model, {})
+            moving = [v for v, state in states.items() if state in ("LOADING", "UNLOADING")]
+            extra = [v for v, state in states.items() if state == "READY" and v not in versions]
+            missing = [v for v in versions if states.get(v) != "READY"]
+            if not moving and not extra and not missing:
+                return
+            if not moving and missing:
+                raise GatewayError(f"Triton did not load model '{model}' version(s) {sorted(missing)}", 503)
+            if time.monotonic() > deadline:
+                raise BackendUnavailable(f"model '{model}' did not settle in Triton: {states}")
+            await asyncio.sleep(_SETTLE_POLL_S)
+
+    # -- queries (no I/O: the probe keeps the view current) ------------------------------------------------
+    async def ready(self, model: str, version: int) -> bool:
+        return self._live and self._states.get(model, {}).get(version) is VersionState.READY
+
+    async def metadata(self, model: str, version: int) -> ModelMetadata:
+        key = (model, version)
+        found = self._metadata.get(key)
+        if found is None:
+            self._check_known(model, version)
+            found = self._metadata[key] = repository.metadata_from_config(self._configs[model], (version,))
+        return found
+
+    async def config(self, model: str, version: int) -> model_config_pb2.ModelConfig:
+        self._check_known(model, version)
+        config = model_config_pb2.ModelConfig()
+        config.CopyFrom(self._configs[model])
+        config.version_policy.specific.versions[:] = sorted(self._wanted[model])
+        return config
+
+    def _check_known(self, model: str, version: int) -> None:
+        repository.find(self._entries, model)
+        if version not in self._states.get(model, {}):
+            raise ModelNotFound(f"model '{model}' has no version {version} loaded")
+
+    # -- inference ------------------------------------------------------------------------------------------
+    async def infer(
+        self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
+    ) -> InferResponse:
+        if timeout_s is not None and timeout_s <= 0:
+            raise DeadlineExceeded(f"request to model '{request.model}' has no time left for Triton")
+        breaker = self._breaker
+        if not breaker.allow():
+            raise self._unavailable(f"Triton at {self._options.url} is unavailable (circuit open)")
+        if self._inflight >= self._options.max_inflight:
+            breaker.release()
+            raise Overloaded(f"{self._inflight} requests are already in flight to Triton")
+        inputs = []
+        for tensor in request.inputs:
+            wire = triton.InferInput(tensor.name, list(tensor.shape), tensor.datatype)
+            wire.set_data_from_numpy(tensor.data)
+            inputs.append(wire)
+        self._inflight += 1
+        try:
+            result = await self._client.infer(
+                request.model,
+                inputs,
+                model_version=str(version),
+                request_id=request.id,
+                priority=priority,
+                # Triton drops the request from its queue once this expires (the model's queue policy must
+                # allow_timeout_override); the client timeout ends the call on our side at the same moment.
+                timeout=None if timeout_s is None else max(1, int(timeout_s * 1e6)),
+                client_timeout=self._options.infer_timeout_s if timeout_s is None else timeout_s,
+            )
+        except InferenceServerException as exc:
+            raise self._infer_error(exc, request.model, version, timeout_s) from None
+        except (grpc.RpcError, OSError) as exc:
+            breaker.record_failure()
+            raise self._unavailable(f"Triton at {self._options.url} is unreachable: {exc}") from None
+        finally:
+            self._inflight -= 1
+        breaker.record_success()
+        response = result.get_response()
+        return InferResponse(
+            model=request.model,
+            version=version,
+            id=request.id,
+            outputs=[InferOutput(o.name, o.datatype, result.as_numpy(o.name)) for o in response.outputs],
+        )
+
+    # -- error translation: the only place Triton's and gRPC's errors are looked at -------------------------
+    def _infer_error(
+        self, exc: InferenceServerException, model: str, version: int, timeout_s: float | None
+    ) -> GatewayError:
+        code, message = _code(exc), str(exc.message() or exc)
+        target = f"model '{model}' version {version}"
+        if code == "DEADLINE_EXCEEDED" or "timeout expired" in message.lower():
+            self._breaker.release()
+            budget = "its deadline" if timeout_s is None else f"its {timeout_s * 1e3:.1f} ms deadline"
+            return DeadlineExceeded(f"request to {target} did not finish within {budget}")
+        if code == "UNAVAILABLE" and not _is_model_state(message):
+            if "queue size" in message:
+                self._breaker.record_success()
+                return Overloaded(f"Triton's queue for {target} is full")
+            self._breaker.record_failure()
+            return self._unavailable(f"Triton at {self._options.url} is unavailable: {message}")
+        self._breaker.record_success()  # Triton answered: it is up
+        if code == "NOT_FOUND" or "is not found" in message or "unknown model" in message:
+            return ModelNotFound(f"Triton does not serve {target}")
+        if _is_model_state(message):
+            return ModelNotReady(f"{target} is not ready in Triton")
+        if code == "INVALID_ARGUMENT":
+            return InvalidInput(f"Triton rejected the request to {target}: {message}")
+        if code == "RESOURCE_EXHAUSTED":
+            return Overloaded(f"Triton refused the request to {target}: {message}")
+        if code == "CANCELLED":
+            return BackendUnavailable(f"Triton cancelled the request to {target}")
+        return InferenceFailed(f"{target} failed in Triton: {message}")
+
+    def _control_error(self, exc: InferenceServerException, action: str) -> GatewayError:
+        code, message = _code(exc), str(exc.message() or exc)
+        if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+            return self._unavailable(f"{action} failed: Triton at {self._options.url} is unavailable: {message}")
+        if code == "NOT_FOUND":
+            return ModelNotFound(f"{action} failed: {message}")
+        return GatewayError(f"{action} failed in Triton: {message}", 503)
+
+    def _unavailable(self, message: str) -> BackendUnavailable:
+        error = BackendUnavailable(message)
+        error.retry_after_s = self._breaker.retry_after_s()
+        return error
+
+    # -- health probe and reconciliation ---------------------------------------------------------------------
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._options.probe_interval_s)
+            try:
+                await self._sync(force_reload=False)
+            except Exception:  # the probe must outlive any surprise; the next tick tries again
+                log.exception("Triton health probe failed")
+
+    async def _sync(self, *, force_reload: bool) -> None:
+        """One probe: read Triton's repository index (its answer is the liveness signal), update the version
+        states, and load wanted versions Triton lost (a restarted Triton in explicit mode serves nothing)."""
+        try:
+            index = await self._index()
+        except GatewayError:
+            if self._live:
+                log.warning("Triton at %s stopped answering; failing requests fast", self._options.url)
+            self._live = False
+            self._breaker.trip()
+            return
+        if not self._live:
+            log.info("Triton at %s answers", self._options.url)
+            force_reload = True
+        self._live = True
+        if self._breaker.state is not CircuitState.CLOSED:
+            self._breaker.reset()
+        self._update_states(index)
+        now = time.monotonic()
+        for model, wanted in self._wanted.items():
+            lock = self._locks[model]
+            if not wanted or lock.locked():
+                continue
+            states = index.get(model, {})
+            lost = any(states.get(v) not in ("READY", "LOADING") for v in wanted)
+            recently = now - self._last_reload.get(model, -1e9) < self._options.reload_interval_s
+            if lost and (force_reload or not recently):
+                async with lock:
+                    try:
+                        await self._apply(model, set(self._wanted[model]))
+                    except GatewayError as exc:  # one broken model must not keep the others from serving
+                        log.error("%s", exc)
+
+    async def _index(self) -> dict[str, dict[int, str]]:
+        try:
+            index = await self._client.get_model_repository_index(
+                as_json=True, client_timeout=self._options.control_timeout_s
+            )
+        except InferenceServerException as exc:
+            raise self._control_error(exc, "reading Triton's repository index") from None
+        except (grpc.RpcError, OSError) as exc:
+            raise self._unavailable(f"Triton at {self._options.url} is unreachable: {exc}") from None
+        states: dict[str, dict[int, str]] = {}
+        for entry in index.get("models", []):
+            if entry.get("version"):
+                states.setdefault(str(entry["name"]), {})[int(entry["version"])] = str(entry.get("state", ""))
+        return states
+
+    def _update_states(self, index: dict[str, dict[int, str]]) -> None:
+        for model, wanted in self._wanted.items():
+            states = index.get(model, {})
+            view = {v: _STATES.get(state, VersionState.UNAVAILABLE) for v, state in states.items() if state in _STATES}
+            for v in wanted:
+                view.setdefault(v, VersionState.UNAVAILABLE)
+            self._states[model] = view
+
+
+def _override_json(config: model_config_pb2.ModelConfig, versions: set[int]) -> str:
+    """The complete config with a ``specific`` version policy: Triton replaces config.pbtxt, never merges."""
+    message = model_config_pb2.ModelConfig()
+    message.CopyFrom(config)
+    message.version_policy.specific.versions[:] = sorted(versions)
+    return json_format.MessageToJson(message, preserving_proto_field_name=True)
+
+
+def _code(exc: InferenceServerException) -> str:
+    return str(exc.status() or "").removeprefix("StatusCode.")
+
+
+def _is_model_state(message: str) -> bool:
+    return "not at ready state" in message or "is not ready" in message

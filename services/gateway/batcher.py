@@ -1,0 +1,210 @@
+"""Dynamic batcher for one model version: merges queued requests into batches, runs up to
+``instances`` batches at once, and splits the outputs back to each caller's future."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.gateway.errors import DeadlineExceeded, GatewayError, InferenceFailed, Overloaded
+from services.gateway.types import Array
+
+Tensors = Mapping[str, Array]
+Execute = Callable[[dict[str, Array]], Awaitable[dict[str, Array]]]
+Observer = Callable[[int, list[float], float], None]
+"""Called once per executed batch with (rows, queue wait of each request, execution seconds)."""
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    max_batch_size: int
+    """0: the model has no batch dim, every request runs alone."""
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_s: float = 0.0
+    instances: int = 1
+    merge: bool = True
+    """False when the config has no ``dynamic_batching``: requests still queue but run one by one."""
+    max_queue_size: int = 0
+    """0: unbounded."""
+    default_timeout_s: float = 0.0
+    """0: requests wait in the queue as long as needed."""
+    adaptive_delay: bool = True
+    """Spend ``max_queue_delay_s`` only while recent batches were bigger than the one being formed: a
+    lone closed-loop client never waits for company that cannot come; under load batches still fill."""
+
+
+@dataclass(slots=True)
+class _Item:
+    inputs: Tensors
+    rows: int
+    future: asyncio.Future[dict[str, Array]]
+    enqueued: float
+    deadline: float | None
+    key: tuple[tuple[int, ...], ...]
+
+
+class DynamicBatcher:
+    def __init__(self, execute: Execute, policy: BatchPolicy, observer: Observer | None = None) -> None:
+        self._execute = execute
+        self._policy = policy
+        self._observer = observer
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._workers: list[asyncio.Task[None]] = []
+        self._busy = 0
+        # Created in start() so that they belong to the running loop.
+        self._wakeup: asyncio.Event | None = None
+        self._forming: asyncio.Lock | None = None
+        self._idle: asyncio.Condition | None = None
+        preferred = [p for p in policy.preferred_batch_sizes if 0 < p <= policy.max_batch_size]
+        self._target = max(preferred, default=max(policy.max_batch_size, 1)) if policy.merge else 1
+        self._preferred = frozenset(preferred)
+        self._recent_rows = float(self._target)  # moving average of executed batch sizes
+
+    async def start(self) -> None:
+        self._wakeup, self._forming, self._idle = asyncio.Event(), asyncio.Lock(), asyncio.Condition()
+        self._workers = [asyncio.create_task(self._work()) for _ in range(max(self._policy.instances, 1))]
+
+    async def submit(self, inputs: Tensors, *, timeout_s: float | None = None) -> dict[str, Array]:
+        """Queue one request (batch dim first when the model batches) and wait for its own outputs."""
+        if self._wakeup is None:
+            raise GatewayError("batcher used before start()")
+        policy = self._policy
+        if policy.max_queue_size and len(self._queue) >= policy.max_queue_size:
+            raise Overloaded(f"queue is full ({policy.max_queue_size} requests waiting)")
+        now = time.monotonic()
+        limits = [t for t in (timeout_s, policy.default_timeout_s) if t]
+        first = next(iter(inputs.values()))
+        rows = int(first.shape[0]) if policy.max_batch_size > 0 and first.ndim else 1
+        item = _Item(
+            inputs=inputs,
+            rows=rows,
+            future=asyncio.get_running_loop().create_future(),
+            enqueued=now,
+            deadline=now + min(limits) if limits else None,
+            key=tuple(a.shape[1:] for a in inputs.values()),
+        )
+        self._queue.append(item)
+        self._wakeup.set()
+        return await item.future
+
+    async def drain(self) -> None:
+        """Wait until nothing is queued or executing."""
+        assert self._idle is not None
+        async with self._idle:
+            await self._idle.wait_for(lambda: not self._queue and self._busy == 0)
+
+    async def close(self) -> None:
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        while self._queue:
+            item = self._queue.popleft()
+            if not item.future.done():
+                item.future.set_exception(GatewayError("model version was unloaded", 503))
+
+    async def _work(self) -> None:
+        assert self._forming is not None
+        while True:
+            async with self._forming:
+                batch = await self._collect()
+            self._busy += 1
+            try:
+                await self._run(batch)
+            finally:
+                self._busy -= 1
+                await self._notify_idle()
+
+    async def _notify_idle(self) -> None:
+        assert self._idle is not None
+        async with self._idle:
+            self._idle.notify_all()
+
+    def _take(self) -> _Item | None:
+        """Pop the next live item, failing the ones whose deadline passed while queued."""
+        now = time.monotonic()
+        while self._queue:
+            item = self._queue.popleft()
+            if item.future.done():  # the caller gave up (disconnect, deadline)
+                continue
+            if item.deadline is not None and now > item.deadline:
+                item.future.set_exception(DeadlineExceeded("request timed out while queued"))
+                continue
+            return item
+        return None
+
+    async def _collect(self) -> list[_Item]:
+        assert self._wakeup is not None
+        item = self._take()
+        while item is None:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+            item = self._take()
+        batch, rows = [item], item.rows
+        delay = self._policy.max_queue_delay_s
+        if self._policy.adaptive_delay and self._recent_rows < rows + 0.5:
+            delay = 0.0
+        flush_at = item.enqueued + delay
+        while rows < self._target:
+            if self._queue:
+                nxt = self._take()
+                if nxt is None:
+                    continue
+                if nxt.key != item.key or rows + nxt.rows > self._policy.max_batch_size:
+                    self._queue.appendleft(nxt)  # it opens the next batch
+                    break
+                batch.append(nxt)
+                rows += nxt.rows
+                continue
+            remaining = flush_at - time.monotonic()
+            if rows in self._preferred or remaining <= 0:
+                break
+            self._wakeup.clear()
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._wakeup.wait()
+            except TimeoutError:
+                break
+        return batch
+
+    async def _run(self, batch: list[_Item]) -> None:
+        started = time.monotonic()
+        rows = sum(item.rows for item in batch)
+        self._recent_rows = 0.8 * self._recent_rows + 0.2 * rows
+        try:
+            if len(batch) == 1:
+                merged = dict(batch[0].inputs)
+            else:
+                merged = {name: np.concatenate([i.inputs[name] for i in batch]) for name in batch[0].inputs}
+            outputs = await self._execute(merged)
+            if self._policy.max_batch_size > 0:
+                for name, value in outputs.items():
+                    if value.ndim == 0 or value.shape[0] != rows:
+                        raise InferenceFailed(
+                            f"output '{name}' has {value.shape[0] if value.ndim else 0} rows for a batch of {rows}"
+                        )
+        except (Exception, asyncio.CancelledError) as exc:  # every caller in the batch gets the cause
+            error = exc if isinstance(exc, GatewayError) else InferenceFailed(f"inference failed: {exc}")
+            if isinstance(exc, asyncio.CancelledError):
+                error = GatewayError("model version was unloaded", 503)
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(error)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        elapsed = time.monotonic() - started
+        if self._observer is not None:
+            self._observer(rows, [started - item.enqueued for item in batch], elapsed)
+        offset = 0
+        for item in batch:
+            if not item.future.done():
+                if len(batch) == 1:
+                    item.future.set_result(outputs)
+                else:
+                    item.future.set_result({n: v[offset : offset + item.rows] for n, v in outputs.items()})
+            offset += item.rows

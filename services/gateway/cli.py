@@ -1,0 +1,58 @@
+"""``switchyard serve``: run the gateway."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from services.gateway.app import BackendNotImplemented
+from services.gateway.repository import RepositoryError
+from services.gateway.settings import Settings
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(serve)
+
+
+def serve(
+    repository: Annotated[Path, typer.Option(help="Model repository to serve.", envvar="SWITCHYARD_REPOSITORY")] = Path(
+        "model_repository"
+    ),
+    backend: Annotated[
+        str, typer.Option(help="embedded (in-process) or triton.", envvar="SWITCHYARD_BACKEND")
+    ] = "embedded",
+    triton_url: Annotated[
+        str, typer.Option(help="Triton gRPC endpoint for --backend triton.", envvar="SWITCHYARD_TRITON_URL")
+    ] = "127.0.0.1:8101",
+    host: Annotated[str, typer.Option(help="Interface to bind.", envvar="SWITCHYARD_HOST")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="HTTP port (KServe v2 REST, /metrics).", envvar="SWITCHYARD_PORT")] = 8000,
+    grpc_port: Annotated[
+        int, typer.Option(help="gRPC port (KServe v2 GRPCInferenceService).", envvar="SWITCHYARD_GRPC_PORT")
+    ] = 8001,
+) -> None:
+    """Serve the repository's models over KServe v2 HTTP and gRPC.
+
+    Other settings (threads, body limit, batching) come from SWITCHYARD_* variables, see Settings.
+    """
+    from services.gateway.server import serve as run_server
+
+    if backend not in ("embedded", "triton"):
+        raise typer.BadParameter("choose embedded or triton", param_hint="--backend")
+    if not repository.is_dir():
+        typer.echo(f"model repository {repository} does not exist (run `make models` first)", err=True)
+        raise typer.Exit(2)
+    settings = Settings(
+        repository=repository,
+        backend=backend,  # type: ignore[arg-type]
+        triton_url=triton_url,
+        host=host,
+        port=port,
+        grpc_port=grpc_port,
+    )
+    try:
+        run_server(settings)
+    except (BackendNotImplemented, RepositoryError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc

@@ -1,0 +1,136 @@
+"""The gateway's core: readiness, metadata and inference over a ``Backend``, shared by REST and gRPC.
+
+It knows nothing of HTTP or gRPC; front ends translate to and from its types and ``GatewayError``s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+
+from tritonclient.grpc import model_config_pb2
+
+from services.gateway.backends.base import Backend
+from services.gateway.errors import DeadlineExceeded, GatewayError, ModelNotFound, ModelNotReady
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
+from services.gateway.validation import validate
+
+log = logging.getLogger(__name__)
+SERVER_NAME = "switchyard"
+SERVER_VERSION = "0.1.0"
+EXTENSIONS = ("binary_tensor_data", "model_configuration")
+
+
+class DataPlane:
+    def __init__(self, backend: Backend, metrics: GatewayMetrics) -> None:
+        self.backend = backend
+        self.metrics = metrics
+
+    async def live(self) -> bool:
+        return await self.backend.live()
+
+    async def ready(self) -> bool:
+        """Ready when the backend is live and every known model has at least one ready version."""
+        if not await self.backend.live():
+            return False
+        models = self.backend.models()
+        return all(VersionState.READY in versions.values() for versions in models.values())
+
+    def server_metadata(self) -> dict[str, object]:
+        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
+
+    def resolve(self, model: str, version: int | None) -> int:
+        """The version a request is served by; 404 when unknown, 503 when it exists but is not ready."""
+        versions = self.backend.models().get(model)
+        if versions is None:
+            raise ModelNotFound(f"unknown model '{model}'")
+        if version is None:
+            ready = [v for v, state in versions.items() if state is VersionState.READY]
+            if not ready:
+                raise ModelNotReady(f"model '{model}' has no ready version")
+            return max(ready)
+        state = versions.get(version)
+        if state is None:
+            loaded = ", ".join(str(v) for v in sorted(versions)) or "none"
+            raise ModelNotFound(f"model '{model}' has no version {version} loaded (loaded: {loaded})")
+        if state is not VersionState.READY:
+            raise ModelNotReady(f"model '{model}' version {version} is not ready ({state.value.lower()})")
+        return version
+
+    def refresh_active_versions(self) -> None:
+        for model, versions in self.backend.models().items():
+            ready = [v for v, state in versions.items() if state is VersionState.READY]
+            if ready:
+                self.metrics.active_version.labels(model).set(max(ready))
+
+    async def model_ready(self, model: str, version: int | None) -> bool:
+        try:
+            served = self.resolve(model, version)
+        except ModelNotReady:
+            return False
+        return await self.backend.ready(model, served)
+
+    async def model_metadata(self, model: str, version: int | None) -> ModelMetadata:
+        metadata = await self.backend.metadata(model, self.resolve(model, version))
+        if version is None:  # like Triton: the unversioned answer lists every ready version
+            versions = self.backend.models()[model]
+            ready = tuple(sorted(v for v, s in versions.items() if s is VersionState.READY))
+            metadata = dataclasses.replace(metadata, versions=ready)
+        return metadata
+
+    async def model_config(self, model: str, version: int | None) -> model_config_pb2.ModelConfig:
+        return await self.backend.config(model, self.resolve(model, version))
+
+    async def infer(self, request: InferRequest, *, protocol: str) -> InferResponse:
+        started = time.perf_counter()
+        version_label = "" if request.version is None else str(request.version)
+        try:
+            version = self.resolve(request.model, request.version)
+            version_label = str(version)
+            validate(request, await self.backend.metadata(request.model, version))
+            inflight = self.metrics.inflight.labels(request.model, version_label)
+            inflight.inc()
+            try:
+                response = await self._call(request, version)
+            finally:
+                inflight.dec()
+            response.outputs = self._select(request, response)
+        except GatewayError as exc:
+            self.record_error(request.model, version_label, protocol, exc)
+            raise
+        except Exception as exc:  # a bug, not the client's fault: log it, leak nothing
+            log.exception("unexpected error serving model '%s'", request.model)
+            error = GatewayError("internal server error", 500)
+            self.record_error(request.model, version_label, protocol, error)
+            raise error from exc
+        self.metrics.requests.labels(request.model, version_label, protocol, "200").inc()
+        self.metrics.request_duration.labels(request.model, version_label).observe(time.perf_counter() - started)
+        return response
+
+    def record_error(self, model: str, version: str, protocol: str, error: GatewayError) -> None:
+        """Count a failed request; front ends call it for errors raised before ``infer`` (bad framing)."""
+        self.metrics.requests.labels(model, version, protocol, str(error.status)).inc()
+        if error.reason is not None:
+            self.metrics.rejected.labels(model, error.reason).inc()
+
+    async def _call(self, request: InferRequest, version: int) -> InferResponse:
+        timeout = request.timeout_s
+        if timeout is None:
+            return await self.backend.infer(request, version=version, timeout_s=None, priority=request.priority)
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.backend.infer(request, version=version, timeout_s=timeout, priority=request.priority)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"request to model '{request.model}' did not finish within its {timeout * 1e3:.1f} ms deadline"
+            ) from None
+
+    @staticmethod
+    def _select(request: InferRequest, response: InferResponse) -> list[InferOutput]:
+        if request.outputs is None:
+            return response.outputs
+        by_name = {output.name: output for output in response.outputs}
+        return [by_name[name] for name in request.outputs]

@@ -1,0 +1,62 @@
+"""Gateway errors: each carries the HTTP status it maps to; gRPC maps the same types in one place."""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """Base of every error a client may see; ``str(error)`` is the message sent back."""
+
+    status: int = 500
+    reason: str | None = None
+    """Label for ``switchyard_rejected_total`` when the gateway (not the model) turned the request away."""
+    retry_after_s: int | None = None
+    """Seconds after which a retry may succeed (sent as ``Retry-After``); None: no hint."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+
+
+class InvalidInput(GatewayError):
+    status = 400
+    reason = "invalid"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    reason = "too_large"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    reason = "rate_limit"
+
+
+class InferenceFailed(GatewayError):
+    """The model itself failed on a batch; the message names the cause."""
+
+    status = 500
+
+
+class ModelNotReady(GatewayError):
+    status = 503
+
+
+class BackendUnavailable(GatewayError):
+    status = 503
+
+
+class Overloaded(GatewayError):
+    status = 503
+    reason = "overload"
+
+
+class DeadlineExceeded(GatewayError):
+    status = 504
+    reason = "deadline"

@@ -1,0 +1,5 @@
+"""KServe v2 gRPC front end."""
+
+from services.gateway.grpc_api.servicer import InferenceServicer, start_server, status_code
+
+__all__ = ["InferenceServicer", "start_server", "status_code"]

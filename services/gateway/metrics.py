@@ -1,0 +1,71 @@
+"""Prometheus metrics (``switchyard_*``, names fixed by DESIGN.md), registered on a registry passed in."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "switchyard_requests_total",
+            "Inference requests by outcome; code is the HTTP status (gRPC answers map to the same codes).",
+            ["model", "version", "protocol", "code"],
+            registry=registry,
+        )
+        self.request_duration = Histogram(
+            "switchyard_request_duration_seconds",
+            "Time from a decoded request to its response, inside the gateway.",
+            ["model", "version"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.backend_duration = Histogram(
+            "switchyard_backend_duration_seconds",
+            "Time the backend spent executing the (batched) request.",
+            ["model", "version"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "switchyard_queue_wait_seconds",
+            "Time a request waited in the dynamic batcher's queue.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.inflight = Gauge(
+            "switchyard_inflight_requests",
+            "Requests currently being served.",
+            ["model", "version"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "switchyard_rejected_total",
+            "Requests turned away by the gateway before reaching a model.",
+            ["model", "reason"],
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "switchyard_batch_size",
+            "Rows per executed batch (embedded backend); its count is the number of executions.",
+            ["model"],
+            buckets=BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.active_version = Gauge(
+            "switchyard_active_version",
+            "The version unversioned requests are routed to.",
+            ["model"],
+            registry=registry,
+        )
+        self.version_switches = Counter(
+            "switchyard_version_switches_total",
+            "Hot version switches by result.",
+            ["model", "result"],
+            registry=registry,
+        )

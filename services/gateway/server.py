@@ -1,0 +1,28 @@
+"""Runs the app under uvicorn (uvloop + httptools) with gRPC on the same event loop."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from services.gateway.app import create_app
+from services.gateway.settings import Settings
+
+
+def uvicorn_config(settings: Settings) -> uvicorn.Config:
+    return uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+    )
+
+
+def serve(settings: Settings) -> None:
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.Server(uvicorn_config(settings)).run()

@@ -1,0 +1,60 @@
+"""Gateway settings, read from ``SWITCHYARD_*`` environment variables (CLI flags override them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SWITCHYARD_", frozen=True)
+
+    repository: Path = Path("model_repository")
+    """Model repository to serve (the exporter's output layout)."""
+    backend: Literal["embedded", "triton"] = "embedded"
+    """``embedded``: onnxruntime / TorchScript in this process; ``triton``: forward to a Triton server."""
+    triton_url: str = "127.0.0.1:8101"
+    """Triton's gRPC endpoint (host:port) when ``backend`` is ``triton``."""
+    triton_local_cpu: bool = False
+    """Triton is the local CPU build (``switchyard triton``): load each model's python-backend twin config."""
+    triton_control_timeout_s: float = 5.0
+    """Client timeout of Triton health, repository-index and configuration calls."""
+    triton_infer_timeout_s: float = 60.0
+    """Client timeout of an inference sent to Triton without a deadline of its own."""
+    triton_load_timeout_s: float = 120.0
+    """How long loading or unloading versions in Triton may take until they have settled."""
+    triton_probe_interval_s: float = 0.5
+    """Period of the health probe that tracks Triton's liveness and version states."""
+    triton_reload_interval_s: float = 5.0
+    """Least time between two attempts to load versions a restarted Triton no longer serves."""
+    triton_breaker_failures: int = 3
+    """Consecutive connection failures that open the circuit breaker in front of Triton."""
+    triton_breaker_reset_s: float = 1.0
+    """How long the breaker stays open (requests fail fast with 503) before a trial request."""
+    triton_reconnect_backoff_s: float = 0.5
+    """Longest wait between two gRPC reconnection attempts while Triton is gone."""
+    triton_max_inflight: int = 4096
+    """Requests in flight to Triton at most; beyond it requests are refused with 503."""
+    host: str = "127.0.0.1"
+    """Interface the HTTP and gRPC listeners bind."""
+    port: int = 8000
+    """HTTP port (KServe v2 REST, /metrics); 0 picks a free one."""
+    grpc_port: int | None = 8001
+    """gRPC port (KServe v2 GRPCInferenceService); 0 picks a free one, None disables gRPC."""
+    intra_op_threads: int | None = None
+    """Threads per model instance for onnxruntime / libtorch; None: CPU count / instance count."""
+    intra_op_spinning: bool = False
+    """Let onnxruntime's idle threads spin: lower latency, but they compete with the event loop for CPU."""
+    batch_adaptive_delay: bool = True
+    """Spend a model's ``max_queue_delay_microseconds`` only while recent batches were bigger than the
+    one being formed (False: always wait for it, exactly as Triton does)."""
+    max_body_bytes: int = 64 * 1024 * 1024
+    """Largest inference request body accepted (HTTP 413 / gRPC RESOURCE_EXHAUSTED above it)."""
+    grpc_shutdown_grace_s: float = 5.0
+    """How long gRPC calls in flight may finish when the gateway stops."""
+    log_level: str = "info"
+    """Log level for the gateway and uvicorn."""
+    access_log: bool = False
+    """uvicorn's per-request access log (off by default: it costs throughput)."""

@@ -1,0 +1,91 @@
+"""Protocol-neutral request, response and metadata types shared by the front ends, dataplane and backends."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+Array = npt.NDArray[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One model input or output; ``dims`` exclude the batch dim (as in ``config.pbtxt``), -1 is dynamic."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    name: str
+    versions: tuple[int, ...]
+    platform: str
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def served_shape(self, spec: TensorSpec) -> list[int]:
+        """The shape as the v2 metadata endpoints report it: batch dim -1 first when the model batches."""
+        return [-1, *spec.dims] if self.max_batch_size > 0 else list(spec.dims)
+
+
+class VersionState(enum.Enum):
+    LOADING = "LOADING"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass(slots=True)
+class InferInput:
+    """A decoded input: ``data`` already has ``shape`` and the numpy dtype of ``datatype``."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Array
+
+
+@dataclass(slots=True)
+class InferRequest:
+    model: str
+    version: int | None
+    """``None`` means "whichever version the gateway routes to" (the highest loaded one for now)."""
+    inputs: list[InferInput]
+    id: str = ""
+    outputs: tuple[str, ...] | None = None
+    """Requested output names, in the order to return them; ``None`` asks for all of them."""
+    timeout_s: float | None = None
+    """Deadline budget from the client (v2 ``timeout`` parameter); the backend receives what is left."""
+    priority: int = 0
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferOutput:
+    name: str
+    datatype: str
+    data: Array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.data.shape)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model: str
+    version: int
+    outputs: list[InferOutput]
+    id: str = ""
+
+
+def as_bytes(array: Array) -> memoryview:
+    """The array's bytes without a copy when it is already C-contiguous."""
+    return np.ascontiguousarray(array).data.cast("B")

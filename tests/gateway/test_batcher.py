@@ -1,0 +1,189 @@
+"""DynamicBatcher: merging, splitting, instance parallelism, queue policy and failure fan-out."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from services.gateway.batcher import BatchPolicy, DynamicBatcher
+from services.gateway.errors import DeadlineExceeded, InferenceFailed, Overloaded
+from services.gateway.types import Array
+
+
+class Recorder:
+    """An execute() that doubles its input, records batch sizes, and can be held or made to fail."""
+
+    def __init__(self, delay_s: float = 0.0, fail: bool = False) -> None:
+        self.batches: list[int] = []
+        self.delay_s = delay_s
+        self.fail = fail
+        self.running = 0
+        self.max_running = 0
+
+    async def __call__(self, inputs: dict[str, Array]) -> dict[str, Array]:
+        self.batches.append(int(inputs["x"].shape[0]))
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            await asyncio.sleep(self.delay_s)
+            if self.fail:
+                raise RuntimeError("kernel exploded")
+            return {"y": inputs["x"] * 2, "n": np.arange(inputs["x"].shape[0])}
+        finally:
+            self.running -= 1
+
+
+def rows(n: int, start: float) -> dict[str, Array]:
+    return {"x": np.arange(start, start + 2 * n, dtype=np.float32).reshape(n, 2)}
+
+
+async def started(execute: Recorder, **policy: object) -> DynamicBatcher:
+    batcher = DynamicBatcher(execute, BatchPolicy(**policy))  # type: ignore[arg-type]
+    await batcher.start()
+    return batcher
+
+
+async def test_batcher_merges_and_splits_rows_when_requests_arrive_together() -> None:
+    execute = Recorder(delay_s=0.01)
+    batcher = await started(execute, max_batch_size=8, max_queue_delay_s=0.05)
+    requests = [rows(1 + i % 3, 10.0 * i) for i in range(6)]
+    outputs = await asyncio.gather(*(batcher.submit(r) for r in requests))
+    await batcher.close()
+    assert sum(execute.batches) == sum(1 + i % 3 for i in range(6))
+    assert len(execute.batches) < len(requests)
+    assert max(execute.batches) <= 8
+    for request, output in zip(requests, outputs, strict=True):
+        np.testing.assert_array_equal(output["y"], request["x"] * 2)
+
+
+async def test_batcher_dispatches_at_preferred_size_when_reached() -> None:
+    execute = Recorder()
+    batcher = await started(execute, max_batch_size=16, preferred_batch_sizes=(4,), max_queue_delay_s=5.0)
+    outputs = await asyncio.wait_for(asyncio.gather(*(batcher.submit(rows(1, i)) for i in range(4))), 2.0)
+    await batcher.close()
+    assert execute.batches == [4]
+    assert [int(o["n"][0]) for o in outputs] == [0, 1, 2, 3]
+
+
+async def test_batcher_flushes_partial_batch_when_queue_delay_expires() -> None:
+    execute = Recorder()
+    batcher = await started(execute, max_batch_size=32, max_queue_delay_s=0.02)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await batcher.submit(rows(1, 0))
+    await batcher.close()
+    assert execute.batches == [1]
+    assert 0.015 <= loop.time() - began < 1.0
+
+
+async def test_batcher_runs_batches_in_parallel_when_instances_above_one() -> None:
+    execute = Recorder(delay_s=0.05)
+    batcher = await started(execute, max_batch_size=1, instances=3)
+    await asyncio.gather(*(batcher.submit(rows(1, i)) for i in range(6)))
+    await batcher.close()
+    assert execute.max_running == 3
+
+
+async def test_batcher_keeps_requests_apart_when_dynamic_batching_off() -> None:
+    execute = Recorder(delay_s=0.005)
+    batcher = await started(execute, max_batch_size=8, merge=False)
+    await asyncio.gather(*(batcher.submit(rows(2, i)) for i in range(4)))
+    await batcher.close()
+    assert execute.batches == [2, 2, 2, 2]
+
+
+async def test_batcher_fails_every_request_with_cause_when_batch_fails() -> None:
+    execute = Recorder(delay_s=0.01, fail=True)
+    batcher = await started(execute, max_batch_size=8, max_queue_delay_s=0.05)
+    results = await asyncio.gather(*(batcher.submit(rows(1, i)) for i in range(3)), return_exceptions=True)
+    execute.fail = False
+    survivor = await batcher.submit(rows(1, 7))  # the worker outlives a failed batch
+    await batcher.close()
+    assert all(isinstance(r, InferenceFailed) and str(r) == "inference failed: kernel exploded" for r in results)
+    np.testing.assert_array_equal(survivor["y"], rows(1, 7)["x"] * 2)
+
+
+async def test_batcher_rejects_request_when_queue_full() -> None:
+    execute = Recorder(delay_s=0.2)
+    batcher = await started(execute, max_batch_size=1, max_queue_size=1)
+    first = asyncio.create_task(batcher.submit(rows(1, 0)))
+    await asyncio.sleep(0.02)  # first is executing, the queue is empty again
+    second = asyncio.create_task(batcher.submit(rows(1, 1)))
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded, match=r"queue is full \(1 requests waiting\)"):
+        await batcher.submit(rows(1, 2))
+    await asyncio.gather(first, second)
+    await batcher.close()
+
+
+async def test_batcher_times_out_queued_request_when_default_timeout_passes() -> None:
+    execute = Recorder(delay_s=0.1)
+    batcher = await started(execute, max_batch_size=1, default_timeout_s=0.03)
+    first = asyncio.create_task(batcher.submit(rows(1, 0)))
+    await asyncio.sleep(0.01)
+    with pytest.raises(DeadlineExceeded, match="request timed out while queued"):
+        await batcher.submit(rows(1, 1))
+    await first
+    await batcher.close()
+    assert execute.batches == [1]
+
+
+async def test_batcher_rejects_model_answer_when_rows_do_not_match() -> None:
+    async def truncating(inputs: dict[str, Array]) -> dict[str, Array]:
+        return {"y": inputs["x"][:1]}
+
+    batcher = DynamicBatcher(truncating, BatchPolicy(max_batch_size=8))
+    await batcher.start()
+    with pytest.raises(InferenceFailed, match="output 'y' has 1 rows for a batch of 3"):
+        await batcher.submit(rows(3, 0))
+    await batcher.close()
+
+
+async def test_batcher_drains_in_flight_work_when_asked() -> None:
+    execute = Recorder(delay_s=0.05)
+    batcher = await started(execute, max_batch_size=4)
+    pending = asyncio.gather(*(batcher.submit(rows(1, i)) for i in range(3)))
+    await asyncio.sleep(0)
+    await batcher.drain()
+    assert sum(execute.batches) == 3
+    assert execute.running == 0
+    await batcher.close()
+    assert len(await pending) == 3
+
+
+async def test_batcher_reports_batches_to_observer_when_executed() -> None:
+    seen: list[tuple[int, int]] = []
+    batcher = DynamicBatcher(
+        Recorder(), BatchPolicy(max_batch_size=4), lambda n, waits, secs: seen.append((n, len(waits)))
+    )
+    await batcher.start()
+    await batcher.submit(rows(3, 0))
+    await batcher.close()
+    assert seen == [(3, 1)]
+
+
+async def test_batcher_skips_queue_delay_when_recent_batches_were_single_rows() -> None:
+    execute = Recorder()
+    batcher = await started(execute, max_batch_size=32, max_queue_delay_s=0.05)
+    loop = asyncio.get_running_loop()
+    for i in range(30):  # a lone closed-loop client: nobody can join its batches
+        await batcher.submit(rows(1, i))
+    began = loop.time()
+    await batcher.submit(rows(1, 99))
+    lone = loop.time() - began
+    await batcher.close()
+    assert lone < 0.04
+    assert set(execute.batches) == {1}
+
+
+async def test_batcher_always_waits_queue_delay_when_adaptive_delay_off() -> None:
+    execute = Recorder()
+    batcher = await started(execute, max_batch_size=32, max_queue_delay_s=0.02, adaptive_delay=False)
+    loop = asyncio.get_running_loop()
+    for i in range(3):
+        began = loop.time()
+        await batcher.submit(rows(1, i))
+        assert loop.time() - began >= 0.015
+    await batcher.close()

@@ -1,0 +1,61 @@
+"""A pass-through gRPC proxy in front of Triton that records every ``ModelInferRequest`` it forwards:
+how a test sees exactly what the gateway told Triton (the v2 ``timeout`` and ``priority`` parameters)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+from tritonclient.grpc import service_pb2
+
+_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+class RecordingProxy:
+    """Forwards unary calls byte for byte to ``target``; ``start()`` returns the port it listens on."""
+
+    def __init__(self, target: str) -> None:
+        self._channel = grpc.insecure_channel(target)
+        self._server = grpc.server(ThreadPoolExecutor(max_workers=16), handlers=[_Forward(self)])
+        self._lock = threading.Lock()
+        self.requests: list[Any] = []
+        self.port = 0
+
+    def start(self) -> int:
+        self.port = int(self._server.add_insecure_port("127.0.0.1:0"))
+        self._server.start()
+        return self.port
+
+    def stop(self) -> None:
+        self._server.stop(grace=None)
+        self._channel.close()
+
+    def record(self, method: str, payload: bytes) -> None:
+        if method == _INFER:
+            request = service_pb2.ModelInferRequest.FromString(payload)
+            with self._lock:
+                self.requests.append(request)
+
+    def forward(self, method: str, payload: bytes, context: grpc.ServicerContext) -> bytes:
+        self.record(method, payload)
+        call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = self._channel.unary_unary(method)
+        try:
+            response: bytes = call(payload, timeout=context.time_remaining())
+        except grpc.RpcError as exc:
+            context.abort(exc.code(), exc.details() or "")
+        return response
+
+
+class _Forward(grpc.GenericRpcHandler):
+    def __init__(self, proxy: RecordingProxy) -> None:
+        self._proxy = proxy
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[bytes, bytes] | None:
+        method = str(handler_call_details.method)
+
+        def behaviour(payload: bytes, context: grpc.ServicerContext) -> bytes:
+            return self._proxy.forward(method, payload, context)
+
+        return grpc.unary_unary_rpc_method_handler(behaviour)

@@ -1,0 +1,85 @@
+"""Deadlines and priority reach Triton: a request whose budget runs out in Triton's queue gets 504 on time,
+Triton receives the budget as the v2 ``timeout`` parameter, drops the request unexecuted, and counts it failed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc.aio as grpcaio
+
+from services.gateway.testing import RunningGateway, running_gateway
+from services.tritonlocal import LocalTriton
+from tests.triton.conftest import gateway_settings, statistics
+from tests.triton.proxy import RecordingProxy
+from tests.tritonlocal.support import sample
+
+BUDGET_US = 100_000
+FLOOD = 6  # full 32-row classifier batches queued ahead: far more than the budget on this machine
+
+
+@pytest.fixture
+def proxy(triton: LocalTriton) -> Iterator[RecordingProxy]:
+    recording = RecordingProxy(triton.grpc_url)
+    recording.start()
+    try:
+        yield recording
+    finally:
+        recording.stop()
+
+
+@pytest.fixture
+def proxied_gateway(proxy: RecordingProxy, repository: Path) -> Iterator[RunningGateway]:
+    url = f"127.0.0.1:{proxy.port}"
+    with running_gateway(gateway_settings(url, repository)) as running:
+        yield running
+
+
+async def test_request_gets_504_and_triton_its_timeout_when_budget_expires_in_triton_queue(
+    triton: LocalTriton, proxy: RecordingProxy, proxied_gateway: RunningGateway
+) -> None:
+    before = statistics(triton, "classifier", 1)
+    direct = grpcaio.InferenceServerClient(triton.grpc_url)
+    batch = np.ascontiguousarray(np.resize(sample("classifier", rows=1)["image"], (32, 3, 64, 64)))
+
+    async def full_batch() -> None:
+        tensor = grpcaio.InferInput("image", list(batch.shape), "FP32")
+        tensor.set_data_from_numpy(batch)
+        await direct.infer("classifier", [tensor], model_version="1")
+
+    image = sample("classifier", rows=1, seed=9)["image"]
+    body = {
+        "id": "late-1",
+        "inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 3, 64, 64], "data": image.ravel().tolist()}],
+        "parameters": {"timeout": BUDGET_US, "priority": 2},
+    }
+    try:
+        flood = [asyncio.create_task(full_batch()) for _ in range(FLOOD)]
+        await asyncio.sleep(0.05)  # the first batch runs, the others wait in Triton's queue
+        async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
+            started = time.monotonic()
+            response = await client.post(
+                f"http://{proxied_gateway.http_url}/v2/models/classifier/versions/1/infer", json=body
+            )
+            seconds = time.monotonic() - started
+        await asyncio.gather(*flood)
+    finally:
+        await direct.close()
+
+    assert response.status_code == 504, response.text
+    assert seconds < BUDGET_US / 1e6 + 0.2, f"504 after {seconds * 1e3:.0f} ms for a {BUDGET_US / 1e3:.0f} ms budget"
+    sent = [r for r in proxy.requests if r.id == "late-1"]
+    assert len(sent) == 1
+    timeout_us = sent[0].parameters["timeout"].int64_param
+    assert 0 < timeout_us <= BUDGET_US
+    assert sent[0].parameters["priority"].uint64_param == 2 or sent[0].parameters["priority"].int64_param == 2
+    # Triton dropped it from its queue without running it: only the flood's rows were executed.
+    after = statistics(triton, "classifier", 1)
+    assert after["inference_count"] - before["inference_count"] == FLOOD * 32, (before, after)
+    assert after["fail"] - before["fail"] == 1, (before, after)
+    print(f"\n504 after {seconds * 1e3:.0f} ms; Triton got timeout={timeout_us} us and dropped the request")
