@@ -122,9 +122,14 @@ def _export_torchscript(
     axes: dict[str, dict[int, str]] = {}
     for name in (*prepared.input_names, *prepared.output_names):
         axes[name] = {0: "batch", **extra_axes.get(name, {})}
+    model: torch.nn.Module = prepared.flat.eval()
     with _quiet(), torch.no_grad():
+        if any(isinstance(m, torch.jit.ScriptModule) for m in model.modules()):
+            # This exporter takes a ScriptModule whole but not nested in a Python module: trace the flat
+            # adapter around it (a trace keeps the scripted module's control flow as a call).
+            model = torch.jit.trace(model, examples, check_trace=False, strict=False)  # type: ignore[no-untyped-call]
         torch.onnx.export(
-            prepared.flat.eval(),
+            model,
             examples,
             str(path),
             dynamo=False,

@@ -160,3 +160,23 @@ def test_export_refuses_options_when_they_are_invalid(repo: Path, kwargs: dict[s
         export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, **kwargs)  # type: ignore[arg-type]
 
     assert listing(repo) == []
+
+
+class ScriptedGate(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x)) * 2
+
+
+def test_export_falls_back_to_torchscript_onnx_exporter_when_dynamo_cannot_take_the_module(repo: Path) -> None:
+    scripted = torch.jit.script(ScriptedGate().eval())  # torch.export cannot trace a ScriptModule
+
+    result = export(scripted, torch.randn(3, 4), name="scripted", repository=repo)
+
+    assert result.exporter == "torch.onnx.torchscript"
+    assert any("dynamo exporter failed" in note for note in result.notes)
+    assert read_manifest(result.model_dir).exporter == "torch.onnx.torchscript"
+    assert result.max_abs_error < 1e-4
