@@ -49,6 +49,7 @@ test: lint typecheck pytest
 bench: install
 	@if [ -z "$$(ls -d $(REPO)/*/ 2>/dev/null)" ]; then $(MAKE) --no-print-directory models; fi
 	$(BIN)/python loadtests/bench.py --repository $(REPO)
+	$(BIN)/python loadtests/bench_triton.py --repository $(REPO)
 
 clean-models:
 	rm -rf $(REPO)/classifier $(REPO)/mlp

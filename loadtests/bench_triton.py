@@ -14,36 +14,18 @@ import os
 import statistics
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
 import uvloop
-from bench import binary_body, closed_loop, free_port, process, run_http
+from bench import Result, binary_body, closed_loop, free_port, process, run_http
 
 from services.tritonlocal import LocalTriton
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"classifier": ("image", (3, 64, 64)), "mlp": ("features", (32,))}
 MODES = ("triton-grpc", "gateway-grpc", "triton-http", "gateway-http")
-
-
-@dataclass
-class Result:
-    model: str
-    mode: str
-    concurrency: int
-    requests: int
-    seconds: float
-    latencies_ms: list[float]
-
-    @property
-    def throughput(self) -> float:
-        return self.requests / self.seconds
-
-    def p(self, q: float) -> float:
-        return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else float("nan")
 
 
 async def run_grpc(target: str, model: str, name: str, row: np.ndarray, concurrency: int, args: argparse.Namespace
@@ -95,7 +77,7 @@ async def measure(args: argparse.Namespace, triton: LocalTriton, http: str, grpc
                     result = Result(model, mode, concurrency, count, seconds, latencies)
                     rounds[mode].append(result)
                     print(f"  {model:<10} {mode:<13} c={concurrency:<3} {result.throughput:7.0f} req/s "
-                          f"p50 {result.p(50):6.2f} ms p99 {result.p(99):6.2f} ms", flush=True)
+                          f"p50 {result.percentile(50):6.2f} ms p99 {result.percentile(99):6.2f} ms", flush=True)
             for mode in MODES:
                 ranked = sorted(rounds[mode], key=lambda r: r.throughput)
                 results.append(ranked[len(ranked) // 2])
@@ -108,7 +90,8 @@ def report(results: list[Result]) -> None:
 
     print(f"\n{'model':<11} {'mode':<13} {'conc':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
     for r in results:
-        print(f"{r.model:<11} {r.mode:<13} {r.concurrency:>4} {r.throughput:>8.0f} {r.p(50):>8.2f} {r.p(99):>8.2f}")
+        p50, p99 = r.percentile(50), r.percentile(99)
+        print(f"{r.model:<11} {r.mode:<13} {r.concurrency:>4} {r.throughput:>8.0f} {p50:>8.2f} {p99:>8.2f}")
     top, low = max(r.concurrency for r in results), min(r.concurrency for r in results)
     print("\nGateway vs direct Triton (targets: throughput >= 0.9x at 32 clients, p50 adds <= 1 ms at 1 client):")
     ratios = []
@@ -117,7 +100,8 @@ def report(results: list[Result]) -> None:
             gateway, direct = get(model, f"gateway-{protocol}", top), get(model, f"triton-{protocol}", top)
             ratio = gateway.throughput / direct.throughput
             ratios.append(ratio)
-            added = get(model, f"gateway-{protocol}", low).p(50) - get(model, f"triton-{protocol}", low).p(50)
+            gateway_p50 = get(model, f"gateway-{protocol}", low).percentile(50)
+            added = gateway_p50 - get(model, f"triton-{protocol}", low).percentile(50)
             print(f"  {model:<10} {protocol:<4}: throughput at {top} clients {ratio:.2f}x "
                   f"({'ok' if ratio >= 0.9 else 'MISSED'}); p50 at {low} client(s) +{added:.2f} ms "
                   f"({'ok' if added <= 1.0 else 'MISSED'})")

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from services.gateway.backends.base import Backend
 from services.gateway.backends.embedded import EmbeddedBackend
-from services.gateway.backends.triton import TritonBackend, TritonOptions, identity
+from services.gateway.backends.triton import TritonBackend, identity
 from services.gateway.dataplane import SERVER_VERSION, DataPlane
 from services.gateway.grpc_api import start_server
 from services.gateway.metrics import GatewayMetrics
@@ -29,7 +29,7 @@ class BackendNotImplemented(Exception):
 def build_backend(settings: Settings, metrics: GatewayMetrics) -> Backend:
     if settings.backend == "triton":
         transform = derive_config if settings.triton_local_cpu else identity
-        return TritonBackend(settings.repository, TritonOptions.from_settings(settings), transform=transform)
+        return TritonBackend(settings.repository, settings, transform=transform, metrics=metrics)
     return EmbeddedBackend(
         settings.repository,
         metrics=metrics,

@@ -26,6 +26,11 @@ def serve(
     triton_url: Annotated[
         str, typer.Option(help="Triton gRPC endpoint for --backend triton.", envvar="SWITCHYARD_TRITON_URL")
     ] = "127.0.0.1:8101",
+    triton_local_cpu: Annotated[
+        bool,
+        typer.Option(help="Triton is the local CPU build (`switchyard triton`): load python-backend configs.",
+                     envvar="SWITCHYARD_TRITON_LOCAL_CPU"),
+    ] = False,
     host: Annotated[str, typer.Option(help="Interface to bind.", envvar="SWITCHYARD_HOST")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="HTTP port (KServe v2 REST, /metrics).", envvar="SWITCHYARD_PORT")] = 8000,
     grpc_port: Annotated[
@@ -47,6 +52,7 @@ def serve(
         repository=repository,
         backend=backend,  # type: ignore[arg-type]
         triton_url=triton_url,
+        triton_local_cpu=triton_local_cpu,
         host=host,
         port=port,
         grpc_port=grpc_port,

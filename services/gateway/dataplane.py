@@ -30,7 +30,9 @@ class DataPlane:
         self.metrics = metrics
 
     async def live(self) -> bool:
-        return await self.backend.live()
+        """The gateway answering is its liveness. A dead backend makes it unready, not dead: a liveness
+        probe must not restart a healthy gateway while Triton restarts."""
+        return True
 
     async def ready(self) -> bool:
         """Ready when the backend is live and every known model has at least one ready version."""

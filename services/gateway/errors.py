@@ -46,6 +46,7 @@ class InferenceFailed(GatewayError):
 
 class ModelNotReady(GatewayError):
     status = 503
+    retry_after_s = 1  # loading, or its server is coming back: worth a retry soon
 
 
 class BackendUnavailable(GatewayError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from google.protobuf import text_format
@@ -109,3 +109,14 @@ def find(entries: dict[str, ModelEntry], model: str) -> ModelEntry:
         return entries[model]
     except KeyError:
         raise ModelNotFound(f"unknown model '{model}'") from None
+
+
+def refresh(entries: dict[str, ModelEntry], model: str, version: int) -> ModelEntry:
+    """Re-read which versions ``model`` has on disk (a version exported after startup counts) and return
+    its updated entry; ``ModelNotFound`` if ``version`` is not among them. Blocking: call off the loop."""
+    entry = find(entries, model)
+    entry = replace(entry, available=available_versions(entry.path))
+    entries[model] = entry
+    if version not in entry.available:
+        raise ModelNotFound(f"model '{model}' has no version {version} in the repository")
+    return entry

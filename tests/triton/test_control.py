@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.gateway.backends.triton import TritonBackend, TritonOptions
+from services.gateway import Settings
+from services.gateway.backends.triton import TritonBackend
 from services.gateway.errors import BackendUnavailable, ModelNotFound, ModelNotReady
 from services.gateway.testing import Reference
 from services.gateway.types import InferInput, InferRequest, VersionState
@@ -27,7 +28,7 @@ async def test_backend_loads_and_unloads_specific_versions_when_asked(
 ) -> None:
     with local_triton(repository, tmp_path, install) as server:
         assert server.model_states("mlp") == {}  # explicit mode: nothing loaded yet
-        backend = TritonBackend(repository, TritonOptions(url=server.grpc_url), transform=derive_config)
+        backend = TritonBackend(repository, Settings(triton_url=server.grpc_url), transform=derive_config)
         await backend.start()
         try:
             assert backend.models() == {"classifier": {1: READY, 2: READY}, "mlp": {1: READY, 2: READY}}
@@ -74,8 +75,8 @@ async def test_backend_connects_and_loads_by_itself_when_triton_starts_after_it(
     install: TritonInstall, repository: Path, tmp_path: Path
 ) -> None:
     server = local_triton(repository, tmp_path, install)  # ports picked, not started yet
-    options = TritonOptions(url=server.grpc_url, probe_interval_s=0.1, reload_interval_s=0.5)
-    backend = TritonBackend(repository, options, transform=derive_config)
+    settings = Settings(triton_url=server.grpc_url, triton_probe_interval_s=0.1, triton_reload_interval_s=0.5)
+    backend = TritonBackend(repository, settings, transform=derive_config)
     await backend.start()
     try:
         assert not await backend.live()

@@ -40,6 +40,19 @@ def proxied_gateway(proxy: RecordingProxy, repository: Path) -> Iterator[Running
         yield running
 
 
+async def wait_for_queue(server: LocalTriton, model: str, pending: int) -> None:
+    """Until Triton reports ``pending`` requests of version 1 waiting in its queue (its own gauge)."""
+    series = f'nv_inference_pending_request_count{{model="{model}",version="1"}}'
+    deadline = time.monotonic() + 10.0
+    async with httpx.AsyncClient(trust_env=False, timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            for line in (await client.get(server.metrics_url)).text.splitlines():
+                if line.startswith(series) and float(line.split()[-1]) >= pending:
+                    return
+            await asyncio.sleep(0.01)
+    raise AssertionError(f"Triton never queued {pending} requests of {model}")
+
+
 async def test_request_gets_504_and_triton_its_timeout_when_budget_expires_in_triton_queue(
     triton: LocalTriton, proxy: RecordingProxy, proxied_gateway: RunningGateway
 ) -> None:
@@ -60,7 +73,7 @@ async def test_request_gets_504_and_triton_its_timeout_when_budget_expires_in_tr
     }
     try:
         flood = [asyncio.create_task(full_batch()) for _ in range(FLOOD)]
-        await asyncio.sleep(0.05)  # the first batch runs, the others wait in Triton's queue
+        await wait_for_queue(triton, "classifier", FLOOD - 1)  # one batch runs, the others wait in Triton's queue
         async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
             started = time.monotonic()
             response = await client.post(

@@ -11,9 +11,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import httpx
-import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from services.gateway.testing import RunningGateway, running_gateway
 from services.tritonlocal import TritonInstall
@@ -58,6 +58,21 @@ async def load(gateway: RunningGateway, outcomes: list[Outcome], stop: asyncio.E
         await asyncio.gather(*(worker() for _ in range(WORKERS)))
 
 
+def grpc_infer(gateway: RunningGateway) -> tuple[grpc.StatusCode, str | None]:
+    """One gRPC request to the gateway: its status code and the ``retry-after`` trailing metadata."""
+    request = service_pb2.ModelInferRequest(model_name="mlp", model_version="1")
+    request.inputs.add(name="features", datatype="FP32", shape=[1, 32])
+    request.raw_input_contents.append(sample("mlp", rows=1)["features"].tobytes())
+    with grpc.insecure_channel(gateway.grpc_url) as channel:
+        try:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=DEADLINE_S)
+        except grpc.RpcError as exc:
+            trailers = exc.trailing_metadata() or ()
+            retry = [str(m.value) for m in trailers if m.key == "retry-after"]
+            return exc.code(), retry[0] if retry else None
+    return grpc.StatusCode.OK, None
+
+
 async def wait_until(condition: Callable[[], Awaitable[bool]], timeout_s: float) -> float:
     """Seconds until ``condition()`` (an async callable) held; raises after ``timeout_s``."""
     started = time.monotonic()
@@ -92,14 +107,7 @@ async def test_gateway_fails_fast_then_recovers_when_triton_is_killed_and_restar
             killed = time.monotonic()
             unready_s = await wait_until(not_ready, 3.0)
             await asyncio.sleep(1.0)  # traffic against a dead Triton
-            with grpcclient.InferenceServerClient(gateway.grpc_url) as client:
-                tensor = grpcclient.InferInput("features", [1, 32], "FP32")
-                tensor.set_data_from_numpy(sample("mlp", rows=1)["features"])
-                try:
-                    client.infer("mlp", [tensor], model_version="1")
-                    grpc_status = "OK"
-                except InferenceServerException as exc:
-                    grpc_status = str(exc.status())
+            grpc_status, grpc_retry_after = grpc_infer(gateway)
             server.kill()  # reap the killed process so start() may run again
             await asyncio.to_thread(server.start)
             restarted = time.monotonic()
@@ -118,7 +126,9 @@ async def test_gateway_fails_fast_then_recovers_when_triton_is_killed_and_restar
     serve_again_s = min(served) - restarted
     slowest = max(o.seconds for o in outcomes if o.started > killed)
     assert slowest < DEADLINE_S + SLACK_S, f"a request took {slowest:.2f} s with a {DEADLINE_S} s deadline"
-    assert grpc_status == "StatusCode.UNAVAILABLE"
+    assert grpc_status == grpc.StatusCode.UNAVAILABLE
+    assert grpc_retry_after is not None
+    assert int(grpc_retry_after) >= 1
     assert unready_s < 2.0
     assert ready_again_s < 5.0, f"ready again {ready_again_s:.1f} s after Triton was back"
     assert serve_again_s < 5.0, f"served again {serve_again_s:.1f} s after Triton was back"

@@ -8,7 +8,7 @@ import logging
 import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -87,12 +87,8 @@ class EmbeddedBackend:
         return {name: {v: s.state for v, s in versions.items()} for name, versions in self._versions.items()}
 
     async def load(self, model: str, version: int) -> None:
-        entry = repository.find(self._entries, model)
         # Versions exported after startup are picked up here (the hot switch loads them by number).
-        entry = replace(entry, available=await asyncio.to_thread(repository.available_versions, entry.path))
-        self._entries[model] = entry
-        if version not in entry.available:
-            raise ModelNotFound(f"model '{model}' has no version {version} in the repository")
+        entry = await asyncio.to_thread(repository.refresh, self._entries, model, version)
         versions = self._versions.setdefault(model, {})
         current = versions.get(version)
         if current is not None and current.state is VersionState.READY:

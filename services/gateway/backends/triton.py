@@ -12,7 +12,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from services.gateway.errors import (
     ModelNotReady,
     Overloaded,
 )
+from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import Settings
 from services.gateway.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
 
@@ -48,47 +48,6 @@ def identity(config: model_config_pb2.ModelConfig) -> model_config_pb2.ModelConf
     return config
 
 
-@dataclass(frozen=True)
-class TritonOptions:
-    url: str
-    """Triton's gRPC endpoint, ``host:port``."""
-    control_timeout_s: float = 5.0
-    """Client timeout of health, index and configuration calls."""
-    infer_timeout_s: float = 60.0
-    """Client timeout of an inference that carries no deadline of its own."""
-    load_timeout_s: float = 120.0
-    """How long a load or unload may take until its versions have settled."""
-    probe_interval_s: float = 0.5
-    """Period of the health probe that tracks Triton's liveness and version states."""
-    reload_interval_s: float = 5.0
-    """Least time between two attempts to load wanted versions Triton does not serve (after a restart)."""
-    breaker_failures: int = 3
-    """Consecutive connection failures that open the circuit breaker."""
-    breaker_reset_s: float = 1.0
-    """How long the breaker stays open before one trial request may go through."""
-    reconnect_backoff_s: float = 0.5
-    """Longest wait between two gRPC reconnection attempts once Triton is gone."""
-    max_inflight: int = 4096
-    """Requests in flight to Triton at most; more are refused with 503 at once."""
-    max_message_bytes: int = 64 * 1024 * 1024
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> TritonOptions:
-        return cls(
-            url=settings.triton_url,
-            control_timeout_s=settings.triton_control_timeout_s,
-            infer_timeout_s=settings.triton_infer_timeout_s,
-            load_timeout_s=settings.triton_load_timeout_s,
-            probe_interval_s=settings.triton_probe_interval_s,
-            reload_interval_s=settings.triton_reload_interval_s,
-            breaker_failures=settings.triton_breaker_failures,
-            breaker_reset_s=settings.triton_breaker_reset_s,
-            reconnect_backoff_s=settings.triton_reconnect_backoff_s,
-            max_inflight=settings.triton_max_inflight,
-            max_message_bytes=settings.max_body_bytes,
-        )
-
-
 class TritonBackend:
     """Implements the ``Backend`` protocol against a Triton server in explicit model-control mode.
 
@@ -98,12 +57,18 @@ class TritonBackend:
     """
 
     def __init__(
-        self, repository_path: Path, options: TritonOptions, *, transform: ConfigTransform = identity
+        self,
+        repository_path: Path,
+        settings: Settings,
+        *,
+        transform: ConfigTransform = identity,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self._root = repository_path
-        self._options = options
+        self._settings = settings
         self._transform = transform
-        self._breaker = CircuitBreaker(options.breaker_failures, options.breaker_reset_s)
+        self._metrics = metrics
+        self._breaker = CircuitBreaker(settings.triton_breaker_failures, settings.triton_breaker_reset_s)
         self._client: Any = None
         self._probe: asyncio.Task[None] | None = None
         self._live = False
@@ -124,12 +89,12 @@ class TritonBackend:
             self._wanted[name] = set(entry.selected)
             self._states[name] = dict.fromkeys(entry.selected, VersionState.UNAVAILABLE)  # until Triton says more
             self._locks[name] = asyncio.Lock()
-        backoff_ms = int(self._options.reconnect_backoff_s * 1000)
+        backoff_ms = int(self._settings.triton_reconnect_backoff_s * 1000)
         self._client = triton.InferenceServerClient(
-            self._options.url,
+            self._settings.triton_url,
             channel_args=[
-                ("grpc.max_send_message_length", self._options.max_message_bytes),
-                ("grpc.max_receive_message_length", self._options.max_message_bytes),
+                ("grpc.max_send_message_length", self._settings.max_body_bytes),
+                ("grpc.max_receive_message_length", self._settings.max_body_bytes),
                 # Come back within a fraction of a second of Triton's return, not gRPC's default minutes.
                 ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
                 ("grpc.min_reconnect_backoff_ms", min(100, backoff_ms)),
@@ -142,7 +107,7 @@ class TritonBackend:
         )
         await self._sync(force_reload=True)
         if not self._live:
-            log.warning("Triton at %s is not reachable; its models load once it answers", self._options.url)
+            log.warning("Triton at %s is not reachable; its models load once it answers", self._settings.triton_url)
         self._probe = asyncio.create_task(self._probe_loop(), name="triton-health-probe")
 
     async def close(self) -> None:
@@ -164,12 +129,8 @@ class TritonBackend:
 
     # -- model control (gRPC only: a load over HTTP stalls Triton's HTTP inference) -----------------------
     async def load(self, model: str, version: int) -> None:
-        entry = repository.find(self._entries, model)
         # Versions exported after startup are picked up here (the hot switch loads them by number).
-        entry = replace(entry, available=await asyncio.to_thread(repository.available_versions, entry.path))
-        self._entries[model] = entry
-        if version not in entry.available:
-            raise ModelNotFound(f"model '{model}' has no version {version} in the repository")
+        await asyncio.to_thread(repository.refresh, self._entries, model, version)
         async with self._locks[model]:
             await self._switch(model, self._wanted[model] | {version})
 
@@ -191,7 +152,7 @@ class TritonBackend:
 
     async def _apply(self, model: str, versions: set[int]) -> None:
         """Make Triton serve exactly ``versions`` of ``model`` and return once they have settled."""
-        timeout = self._options.load_timeout_s
+        timeout = self._settings.triton_load_timeout_s
         try:
             if versions:
                 override = _override_json(self._configs[model], versions)
@@ -253,8 +214,8 @@ class TritonBackend:
             raise DeadlineExceeded(f"request to model '{request.model}' has no time left for Triton")
         breaker = self._breaker
         if not breaker.allow():
-            raise self._unavailable(f"Triton at {self._options.url} is unavailable (circuit open)")
-        if self._inflight >= self._options.max_inflight:
+            raise self._unavailable(f"Triton at {self._settings.triton_url} is unavailable (circuit open)")
+        if self._inflight >= self._settings.triton_max_inflight:
             breaker.release()
             raise Overloaded(f"{self._inflight} requests are already in flight to Triton")
         inputs = []
@@ -263,6 +224,7 @@ class TritonBackend:
             wire.set_data_from_numpy(tensor.data)
             inputs.append(wire)
         self._inflight += 1
+        started = time.monotonic()
         try:
             result = await self._client.infer(
                 request.model,
@@ -273,16 +235,18 @@ class TritonBackend:
                 # Triton drops the request from its queue once this expires (the model's queue policy must
                 # allow_timeout_override); the client timeout ends the call on our side at the same moment.
                 timeout=None if timeout_s is None else max(1, int(timeout_s * 1e6)),
-                client_timeout=self._options.infer_timeout_s if timeout_s is None else timeout_s,
+                client_timeout=self._settings.triton_infer_timeout_s if timeout_s is None else timeout_s,
             )
         except InferenceServerException as exc:
             raise self._infer_error(exc, request.model, version, timeout_s) from None
         except (grpc.RpcError, OSError) as exc:
             breaker.record_failure()
-            raise self._unavailable(f"Triton at {self._options.url} is unreachable: {exc}") from None
+            raise self._unavailable(f"Triton at {self._settings.triton_url} is unreachable: {exc}") from None
         finally:
             self._inflight -= 1
         breaker.record_success()
+        if self._metrics is not None:
+            self._metrics.backend_duration.labels(request.model, str(version)).observe(time.monotonic() - started)
         response = result.get_response()
         return InferResponse(
             model=request.model,
@@ -306,7 +270,7 @@ class TritonBackend:
                 self._breaker.record_success()
                 return Overloaded(f"Triton's queue for {target} is full")
             self._breaker.record_failure()
-            return self._unavailable(f"Triton at {self._options.url} is unavailable: {message}")
+            return self._unavailable(f"Triton at {self._settings.triton_url} is unavailable: {message}")
         self._breaker.record_success()  # Triton answered: it is up
         if code == "NOT_FOUND" or "is not found" in message or "unknown model" in message:
             return ModelNotFound(f"Triton does not serve {target}")
@@ -323,20 +287,26 @@ class TritonBackend:
     def _control_error(self, exc: InferenceServerException, action: str) -> GatewayError:
         code, message = _code(exc), str(exc.message() or exc)
         if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
-            return self._unavailable(f"{action} failed: Triton at {self._options.url} is unavailable: {message}")
+            detail = f"{action} failed: Triton at {self._settings.triton_url} is unavailable: {message}"
+            return self._unavailable(detail, public=True)
         if code == "NOT_FOUND":
             return ModelNotFound(f"{action} failed: {message}")
         return GatewayError(f"{action} failed in Triton: {message}", 503)
 
-    def _unavailable(self, message: str) -> BackendUnavailable:
-        error = BackendUnavailable(message)
-        error.retry_after_s = self._breaker.retry_after_s()
+    def _unavailable(self, detail: str, *, public: bool = False) -> BackendUnavailable:
+        """503 with ``Retry-After``. Inference clients learn that the model server is down, not where it runs
+        or what gRPC said (``detail`` goes to the debug log); admin calls (``public``) get the detail."""
+        retry = self._breaker.retry_after_s()
+        if not public:
+            log.debug("Triton unavailable: %s", detail)
+        error = BackendUnavailable(detail if public else f"the model server is unavailable; retry in {retry} s")
+        error.retry_after_s = retry
         return error
 
     # -- health probe and reconciliation ---------------------------------------------------------------------
     async def _probe_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._options.probe_interval_s)
+            await asyncio.sleep(self._settings.triton_probe_interval_s)
             try:
                 await self._sync(force_reload=False)
             except Exception:  # the probe must outlive any surprise; the next tick tries again
@@ -349,12 +319,12 @@ class TritonBackend:
             index = await self._index()
         except GatewayError:
             if self._live:
-                log.warning("Triton at %s stopped answering; failing requests fast", self._options.url)
+                log.warning("Triton at %s stopped answering; failing requests fast", self._settings.triton_url)
             self._live = False
             self._breaker.trip()
             return
         if not self._live:
-            log.info("Triton at %s answers", self._options.url)
+            log.info("Triton at %s answers", self._settings.triton_url)
             force_reload = True
         self._live = True
         if self._breaker.state is not CircuitState.CLOSED:
@@ -367,8 +337,11 @@ class TritonBackend:
                 continue
             states = index.get(model, {})
             lost = any(states.get(v) not in ("READY", "LOADING") for v in wanted)
-            recently = now - self._last_reload.get(model, -1e9) < self._options.reload_interval_s
+            recently = now - self._last_reload.get(model, -1e9) < self._settings.triton_reload_interval_s
             if lost and (force_reload or not recently):
+                for version in wanted:
+                    if self._states[model].get(version) is not VersionState.READY:
+                        self._states[model][version] = VersionState.LOADING
                 async with lock:
                     try:
                         await self._apply(model, set(self._wanted[model]))
@@ -378,12 +351,12 @@ class TritonBackend:
     async def _index(self) -> dict[str, dict[int, str]]:
         try:
             index = await self._client.get_model_repository_index(
-                as_json=True, client_timeout=self._options.control_timeout_s
+                as_json=True, client_timeout=self._settings.triton_control_timeout_s
             )
         except InferenceServerException as exc:
             raise self._control_error(exc, "reading Triton's repository index") from None
         except (grpc.RpcError, OSError) as exc:
-            raise self._unavailable(f"Triton at {self._options.url} is unreachable: {exc}") from None
+            raise self._unavailable(f"Triton at {self._settings.triton_url} is unreachable: {exc}") from None
         states: dict[str, dict[int, str]] = {}
         for entry in index.get("models", []):
             if entry.get("version"):

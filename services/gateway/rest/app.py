@@ -42,7 +42,8 @@ def add_routes(app: FastAPI, endpoints: Endpoints) -> None:
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    if exc.status >= 500 and exc.reason is None:
+    # 503s are expected during a backend outage (the backend logs the transition once); log the rest.
+    if exc.status >= 500 and exc.status != 503 and exc.reason is None:
         log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc)
     response = error_response(str(exc), exc.status)
     if exc.retry_after_s is not None:
