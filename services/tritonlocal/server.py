@@ -160,6 +160,8 @@ class LocalTriton:
         if self.running:
             raise TritonLocalError(f"tritonserver is already running (pid {self.pid})")
         self.install.check()
+        if self._process is not None:  # killed from outside (a crash test): its python stubs may linger
+            _reap_group(self._process)
         self._check_ports_free()
         self.build()
         log: IO[bytes] | None = self.log_file.open("ab") if self.log_file is not None else None
@@ -226,16 +228,18 @@ class LocalTriton:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(self.stop_timeout_s)
+        _reap_group(process)
         _live.discard(process)
         return process.returncode
 
     def kill(self) -> None:
-        """SIGKILL, as a crash would (the stubs notice their parent is gone and exit by themselves)."""
+        """SIGKILL, as a crash would; then the python stubs it leaves behind are killed too."""
         process = self._process
         if process is not None and process.poll() is None:
             process.kill()
             process.wait(self.stop_timeout_s)
         if process is not None:
+            _reap_group(process)
             _live.discard(process)
 
     def restart(self) -> None:
@@ -321,9 +325,19 @@ def _digest(path: Path) -> str:
 _live: set[subprocess.Popen[bytes]] = set()
 
 
+def _reap_group(process: subprocess.Popen[bytes]) -> None:
+    """Kill what is left of an exited server's process group (it leads its own session, so the group id
+    is its pid): python-backend stubs orphaned by a SIGKILLed server do not always exit by themselves."""
+    if process.poll() is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
 @atexit.register
 def _kill_leftovers() -> None:
     for process in list(_live):
         if process.poll() is None:
             process.kill()
             process.wait(10)
+        _reap_group(process)
