@@ -96,7 +96,7 @@ class DataPlane:
             inflight = self.metrics.inflight.labels(request.model, version_label)
             inflight.inc()
             try:
-                response = await self._call(request, version)
+                response = await self._call(request, version, started)
             finally:
                 inflight.dec()
             response.outputs = self._select(request, response)
@@ -118,13 +118,17 @@ class DataPlane:
         if error.reason is not None:
             self.metrics.rejected.labels(model, error.reason).inc()
 
-    async def _call(self, request: InferRequest, version: int) -> InferResponse:
+    async def _call(self, request: InferRequest, version: int, started: float) -> InferResponse:
         timeout = request.timeout_s
         if timeout is None:
             return await self.backend.infer(request, version=version, timeout_s=None, priority=request.priority)
+        # The backend gets what is left of the budget once resolution and validation have spent theirs.
+        remaining = timeout - (time.perf_counter() - started)
         try:
-            async with asyncio.timeout(timeout):
-                return await self.backend.infer(request, version=version, timeout_s=timeout, priority=request.priority)
+            async with asyncio.timeout(max(remaining, 0.0)):
+                return await self.backend.infer(
+                    request, version=version, timeout_s=remaining, priority=request.priority
+                )
         except TimeoutError:
             raise DeadlineExceeded(
                 f"request to model '{request.model}' did not finish within its {timeout * 1e3:.1f} ms deadline"

@@ -84,7 +84,9 @@ async def test_infer_answers_504_and_passes_budget_when_deadline_expires(
     response = await client.post("/v2/models/double/infer", json=body)
     assert response.status_code == 504
     assert response.json() == {"error": "request to model 'double' did not finish within its 20.0 ms deadline"}
-    assert backend.calls == [(1, 0.02, 2)]
+    [(version, budget_s, priority)] = backend.calls
+    assert (version, priority) == (1, 2)
+    assert 0 < budget_s <= 0.02  # what is left of the 20 ms once the gateway has validated the request
     assert registry.get_sample_value("switchyard_rejected_total", {"model": "double", "reason": "deadline"}) == 1
 
 
