@@ -36,7 +36,7 @@ from exporter.parity import (
     torchscript_runner,
 )
 from exporter.repository import ModelRepository, sha256_files
-from exporter.specs import ExportOptions, Format, Kind, TensorSpec, VersionPolicy
+from exporter.specs import DEFAULT_INSTANCES, ExportOptions, Format, Kind, TensorSpec, VersionPolicy
 from exporter.torch2onnx import DynamicAxes, export_onnx
 from exporter.torch2torchscript import TRACE, export_torchscript
 
@@ -75,7 +75,7 @@ def export(
     output_names: Sequence[str] | None = None,
     dynamic_axes: DynamicAxes | None = None,
     *,
-    instances: int = 1,
+    instances: int = DEFAULT_INSTANCES,
     kind: Kind = "cpu",
     version_policy: str | VersionPolicy = "latest:1",
     max_queue_delay_us: int = 2000,

@@ -16,7 +16,7 @@ from rich.table import Table
 from exporter.api import STAGES, ExportResult, export
 from exporter.dtypes import torch_dtype
 from exporter.errors import ExportError, InvalidSpecError
-from exporter.specs import TensorSpec
+from exporter.specs import DEFAULT_INSTANCES, TensorSpec
 
 STAGE_LABELS = {
     "export": "export the module",
@@ -41,7 +41,7 @@ def export_command(
     )] = None,
     max_batch_size: Annotated[int, typer.Option(help="Largest batch the model accepts.")] = 32,
     version: Annotated[int | None, typer.Option(help="Version to write (default: the next free one).")] = None,
-    instances: Annotated[int, typer.Option(help="instance_group count.")] = 1,
+    instances: Annotated[int, typer.Option(help="instance_group count.")] = DEFAULT_INSTANCES,
     kind: Annotated[str, typer.Option(help="instance_group kind: cpu or gpu.")] = "cpu",
     version_policy: Annotated[str, typer.Option(help="latest:N, all or specific:1,2.")] = "latest:1",
     max_queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher queue delay.")] = 2000,

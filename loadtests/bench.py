@@ -72,7 +72,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def process(args: list[str], ready_url: str, log: Path) -> Iterator[None]:
+def process(args: list[str], ready_url: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("w") as out:
         proc = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -89,7 +89,7 @@ def process(args: list[str], ready_url: str, log: Path) -> Iterator[None]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{ready_url} not ready after 180 s; see {log}")
             time.sleep(0.2)
-        yield
+        yield proc
     finally:
         proc.terminate()
         try:

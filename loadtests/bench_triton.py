@@ -2,9 +2,15 @@
 over gRPC (tritonclient.grpc.aio on both sides) and HTTP with binary tensors, at 1 and 32 concurrent
 clients, for both example models. Prints a table and the ratios the Triton issue targets.
 
-Each measurement is a bounded closed loop (see bench.py). Triton, the gateway and this load generator
-share the machine's cores, so the direct and gateway runs alternate at each level and, with ``--rounds``,
-repeat; the table keeps each mode's median round. Usage: ``python loadtests/bench_triton.py``.
+``floor-grpc`` is loadtests/grpc_floor.py, a grpc.aio pass-through that parses nothing: what one Python gRPC
+hop costs here, whatever the gateway does. The CPU columns are milliseconds of CPU per request spent by the
+hop (gateway or floor), by Triton (server and python-backend stubs) and by this load generator, read from
+/proc over each run: Triton, the hop and the load generator share the machine's cores, so a hop's CPU is
+taken from Triton's.
+
+Each measurement is a bounded closed loop (see bench.py). The modes alternate at each level and, with
+``--rounds``, repeat in flipped order; the table keeps each mode's median round.
+Usage: ``python loadtests/bench_triton.py``.
 """
 
 from __future__ import annotations
@@ -12,10 +18,16 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
 import uvloop
@@ -25,7 +37,41 @@ from services.tritonlocal import LocalTriton
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"classifier": ("image", (3, 64, 64)), "mlp": ("features", (32,))}
-MODES = ("triton-grpc", "gateway-grpc", "triton-http", "gateway-http")
+MODES = ("triton-grpc", "gateway-grpc", "floor-grpc", "triton-http", "gateway-http")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Processes:
+    gateway: int
+    floor: int
+    triton: int  # tritonserver; its python-backend stubs run in its process group
+
+    def hop(self, mode: str) -> list[int]:
+        return [self.floor] if mode.startswith("floor") else [] if mode.startswith("triton") else [self.gateway]
+
+    def triton_group(self) -> list[int]:
+        group = os.getpgid(self.triton)
+        return [int(p) for p in os.listdir("/proc") if p.isdigit() and _pgid(int(p)) == group]
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of the processes (threads included) so far, from /proc/PID/stat."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / TICKS
 
 
 async def run_grpc(target: str, model: str, name: str, row: np.ndarray, concurrency: int, args: argparse.Namespace
@@ -54,44 +100,61 @@ def ensure_repository(requested: Path) -> Path:
     return target
 
 
-async def measure(args: argparse.Namespace, triton: LocalTriton, http: str, grpc_target: str) -> list[Result]:
+async def measure(
+    args: argparse.Namespace, triton: LocalTriton, http: str, targets: dict[str, str], procs: Processes
+) -> tuple[list[Result], dict[tuple[str, str, int], tuple[float, float, float]]]:
+    """Results per (model, mode, concurrency), and the CPU ms per request (hop, Triton, load generator)."""
     results: list[Result] = []
+    cpu: dict[tuple[str, str, int], tuple[float, float, float]] = {}
     rng = np.random.default_rng(1)
     for model, (name, shape) in MODELS.items():
         row = rng.standard_normal((1, *shape)).astype(np.float32)
         body, headers = binary_body(name, row)
         for concurrency in args.concurrency:
-            rounds: dict[str, list[Result]] = {mode: [] for mode in MODES}
+            rounds: dict[str, list[tuple[Result, tuple[float, float, float]]]] = {mode: [] for mode in MODES}
             for round_index in range(args.rounds):
                 # Alternate direct and gateway, and flip the order every round, so drift hits both alike.
                 order = MODES if round_index % 2 == 0 else tuple(reversed(MODES))
                 for mode in order:
                     target = http if mode == "gateway-http" else f"http://{triton.http_url}"
                     if mode.endswith("grpc"):
-                        run = run_grpc(grpc_target if mode == "gateway-grpc" else triton.grpc_url, model, name, row,
-                                       concurrency, args)
+                        run = run_grpc(targets[mode], model, name, row, concurrency, args)
                     else:
                         run = run_http(f"{target}/v2/models/{model}/infer", body, headers, concurrency, args.duration,
                                        args.warmup)
+                    hop, server = procs.hop(mode), procs.triton_group()
+                    before = (cpu_seconds(hop), cpu_seconds(server), time.process_time())
                     count, seconds, latencies = await run
+                    after = (cpu_seconds(hop), cpu_seconds(server), time.process_time())
                     result = Result(model, mode, concurrency, count, seconds, latencies)
-                    rounds[mode].append(result)
+                    # The CPU was read around warmup + measured window: spread it over that many requests.
+                    sent = max(result.throughput * (seconds + args.warmup), 1.0)
+                    hop_ms, triton_ms, client_ms = ((b - a) * 1e3 / sent for a, b in zip(before, after, strict=True))
+                    usage = (hop_ms, triton_ms, client_ms)
+                    rounds[mode].append((result, usage))
                     print(f"  {model:<10} {mode:<13} c={concurrency:<3} {result.throughput:7.0f} req/s "
-                          f"p50 {result.percentile(50):6.2f} ms p99 {result.percentile(99):6.2f} ms", flush=True)
+                          f"p50 {result.percentile(50):6.2f} ms p99 {result.percentile(99):6.2f} ms "
+                          f"max {max(latencies, default=0):6.0f} ms | CPU ms/req hop {usage[0]:.2f} "
+                          f"triton {usage[1]:.2f} client {usage[2]:.2f}", flush=True)
             for mode in MODES:
-                ranked = sorted(rounds[mode], key=lambda r: r.throughput)
-                results.append(ranked[len(ranked) // 2])
-    return results
+                ranked = sorted(rounds[mode], key=lambda pair: pair[0].throughput)
+                median, usage = ranked[len(ranked) // 2]
+                results.append(median)
+                cpu[(model, mode, concurrency)] = usage
+    return results, cpu
 
 
-def report(results: list[Result]) -> None:
+def report(results: list[Result], cpu: dict[tuple[str, str, int], tuple[float, float, float]]) -> None:
     def get(model: str, mode: str, concurrency: int) -> Result:
         return next(r for r in results if (r.model, r.mode, r.concurrency) == (model, mode, concurrency))
 
-    print(f"\n{'model':<11} {'mode':<13} {'conc':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"\n{'model':<11} {'mode':<13} {'conc':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}   CPU ms/req: "
+          f"{'hop':>5} {'triton':>6} {'client':>6}")
     for r in results:
         p50, p99 = r.percentile(50), r.percentile(99)
-        print(f"{r.model:<11} {r.mode:<13} {r.concurrency:>4} {r.throughput:>8.0f} {p50:>8.2f} {p99:>8.2f}")
+        hop, server, client = cpu[(r.model, r.mode, r.concurrency)]
+        print(f"{r.model:<11} {r.mode:<13} {r.concurrency:>4} {r.throughput:>8.0f} {p50:>8.2f} {p99:>8.2f}"
+              f"               {hop:>5.2f} {server:>6.2f} {client:>6.2f}")
     top, low = max(r.concurrency for r in results), min(r.concurrency for r in results)
     print("\nGateway vs direct Triton (targets: throughput >= 0.9x at 32 clients, p50 adds <= 1 ms at 1 client):")
     ratios = []
@@ -106,6 +169,14 @@ def report(results: list[Result]) -> None:
                   f"({'ok' if ratio >= 0.9 else 'MISSED'}); p50 at {low} client(s) +{added:.2f} ms "
                   f"({'ok' if added <= 1.0 else 'MISSED'})")
     print(f"  median throughput ratio {statistics.median(ratios):.2f}x")
+    print("A bare Python gRPC hop (floor-grpc) vs direct Triton, and the gateway vs that floor:")
+    for model in MODELS:
+        floor, direct, gateway = (get(model, mode, top) for mode in ("floor-grpc", "triton-grpc", "gateway-grpc"))
+        floor_added = get(model, "floor-grpc", low).percentile(50) - get(model, "triton-grpc", low).percentile(50)
+        gateway_added = get(model, "gateway-grpc", low).percentile(50) - get(model, "floor-grpc", low).percentile(50)
+        print(f"  {model:<10} floor {floor.throughput / direct.throughput:.2f}x of direct at {top} clients, "
+              f"+{floor_added:.2f} ms p50 at {low}; gateway {gateway.throughput / floor.throughput:.2f}x of the floor, "
+              f"+{gateway_added:.2f} ms p50 over it")
 
 
 def main() -> None:
@@ -119,17 +190,41 @@ def main() -> None:
     repository = ensure_repository(args.repository.resolve())
     logs = Path(tempfile.mkdtemp(prefix="switchyard-bench-triton-logs-"))
     triton = LocalTriton(repository, load=tuple(MODELS), derived=logs / "derived", log_file=logs / "tritonserver.log")
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port, floor_port = free_port(), free_port(), free_port()
     gateway = [
         sys.executable, "-c", "from services.cli import main; main()", "serve", "--backend", "triton",
         "--triton-url", triton.grpc_url, "--repository", str(repository),
         "--port", str(http_port), "--grpc-port", str(grpc_port),
     ]
     os.environ["SWITCHYARD_TRITON_LOCAL_CPU"] = "1"  # serve the python-backend twins this CPU Triton runs
-    with triton, process(gateway, f"http://127.0.0.1:{http_port}/v2/health/ready", logs / "gateway.log"):
-        print(f"Triton pid {triton.pid} ({triton.grpc_url}); gateway on :{http_port} / :{grpc_port}; logs in {logs}")
-        results = uvloop.run(measure(args, triton, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"))
-    report(results)
+    floor = [sys.executable, str(ROOT / "loadtests" / "grpc_floor.py"), triton.grpc_url, str(floor_port)]
+    with (
+        triton,
+        process(gateway, f"http://127.0.0.1:{http_port}/v2/health/ready", logs / "gateway.log") as gateway_process,
+        grpc_process(floor, f"127.0.0.1:{floor_port}", logs / "floor.log") as floor_process,
+    ):
+        print(f"Triton pid {triton.pid} ({triton.grpc_url}); gateway on :{http_port} / :{grpc_port}; "
+              f"floor on :{floor_port}; logs in {logs}")
+        assert triton.pid is not None
+        procs = Processes(gateway=gateway_process.pid, floor=floor_process.pid, triton=triton.pid)
+        targets = {"triton-grpc": triton.grpc_url, "gateway-grpc": f"127.0.0.1:{grpc_port}",
+                   "floor-grpc": f"127.0.0.1:{floor_port}"}
+        results, cpu = uvloop.run(measure(args, triton, f"http://127.0.0.1:{http_port}", targets, procs))
+    report(results, cpu)
+
+
+@contextmanager
+def grpc_process(args: list[str], target: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A process serving gRPC, once its port accepts a channel."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        with grpc.insecure_channel(target) as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
 
 
 if __name__ == "__main__":

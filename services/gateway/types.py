@@ -72,6 +72,9 @@ class InferOutput:
     name: str
     datatype: str
     data: Array
+    raw: bytes | None = None
+    """``data``'s bytes as the backend received them, when it has them (Triton): front ends send these as they
+    are instead of serialising ``data`` again."""
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -7,6 +7,7 @@ and Triton's python stub runs it, inside the stub env (numpy < 2, onnxruntime, t
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,14 @@ class TritonPythonModel:
         self.inputs = [(t["name"], pb_utils.triton_string_to_numpy(t["data_type"])) for t in config["input"]]
         self.outputs = [(t["name"], pb_utils.triton_string_to_numpy(t["data_type"])) for t in config["output"]]
         folder = Path(args["model_repository"]) / args["model_version"]
+        # Each instance is its own stub process: share the cores between them instead of each taking all.
+        instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
+        threads = max(1, (os.cpu_count() or 1) // instances)
         if (folder / "model.onnx").is_file():
             names = ([n for n, _ in self.inputs], [n for n, _ in self.outputs])
-            self.run: Runner = _onnx_runner(folder / "model.onnx", *names)
+            self.run: Runner = _onnx_runner(folder / "model.onnx", *names, threads=threads)
         elif (folder / "model.pt").is_file():
-            self.run = _torch_runner(folder / "model.pt")
+            self.run = _torch_runner(folder / "model.pt", threads=threads)
         else:
             raise pb_utils.TritonModelException(f"{folder} holds neither model.onnx nor model.pt")
 
@@ -106,10 +110,14 @@ def _error(message: str) -> Any:
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
 
 
-def _onnx_runner(path: Path, input_names: list[str], output_names: list[str]) -> Runner:
+def _onnx_runner(path: Path, input_names: list[str], output_names: list[str], *, threads: int) -> Runner:
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    # Spinning worker threads burn the cores the other instances, the gateway and its clients need.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     feeds = [i.name for i in session.get_inputs()]
     fetches = [o.name for o in session.get_outputs()]
     # The exporter names the graph's tensors as the config does; fall back to position otherwise.
@@ -122,9 +130,10 @@ def _onnx_runner(path: Path, input_names: list[str], output_names: list[str]) ->
     return run
 
 
-def _torch_runner(path: Path) -> Runner:
+def _torch_runner(path: Path, *, threads: int) -> Runner:
     import torch
 
+    torch.set_num_threads(threads)
     module = torch.jit.load(str(path), map_location="cpu").eval()  # type: ignore[no-untyped-call]
 
     def run(arrays: Sequence[Array]) -> list[Array]:

@@ -44,7 +44,7 @@ def test_export_writes_verified_onnx_version_when_classifier_exported(repo: Path
     # Without both, Triton ignores the request's v2 timeout parameter the gateway sends.
     assert config.dynamic_batching.default_queue_policy.allow_timeout_override
     assert config.dynamic_batching.default_queue_policy.default_timeout_microseconds == 300_000_000
-    assert config.instance_group[0].count == 1
+    assert config.instance_group[0].count == 2
     assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
     assert config.version_policy.WhichOneof("policy_choice") == "all"
     warmup = config.model_warmup[0]

@@ -1,5 +1,6 @@
 """A pass-through gRPC proxy in front of Triton that records every ``ModelInferRequest`` it forwards:
-how a test sees exactly what the gateway told Triton (the v2 ``timeout`` and ``priority`` parameters)."""
+how a test sees exactly what the gateway told Triton (the v2 ``timeout`` and ``priority`` parameters, the
+gRPC deadline). With ``hold`` set it keeps inference calls unanswered: a Triton that accepts and hangs."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ class RecordingProxy:
         self._server = grpc.server(ThreadPoolExecutor(max_workers=16), handlers=[_Forward(self)])
         self._lock = threading.Lock()
         self.requests: list[Any] = []
+        self.deadlines: list[float | None] = []
+        """Seconds left of each recorded call's gRPC deadline when it arrived (``None``: no deadline)."""
+        self.hold = threading.Event()
+        self._released = threading.Event()
         self.port = 0
 
     def start(self) -> int:
@@ -29,17 +34,22 @@ class RecordingProxy:
         return self.port
 
     def stop(self) -> None:
+        self._released.set()
         self._server.stop(grace=None)
         self._channel.close()
 
-    def record(self, method: str, payload: bytes) -> None:
+    def record(self, method: str, payload: bytes, remaining: float | None) -> None:
         if method == _INFER:
             request = service_pb2.ModelInferRequest.FromString(payload)
             with self._lock:
                 self.requests.append(request)
+                self.deadlines.append(remaining if remaining is not None and remaining < 1e9 else None)  # gRPC: inf
 
     def forward(self, method: str, payload: bytes, context: grpc.ServicerContext) -> bytes:
-        self.record(method, payload)
+        self.record(method, payload, context.time_remaining())
+        if method == _INFER and self.hold.is_set():
+            self._released.wait(timeout=30)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "held by the test proxy")
         call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = self._channel.unary_unary(method)
         try:
             response: bytes = call(payload, timeout=context.time_remaining())

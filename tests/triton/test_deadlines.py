@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc.aio as grpcaio
 
+from services.gateway.repository import scan
 from services.gateway.testing import RunningGateway, running_gateway
 from services.tritonlocal import LocalTriton
 from tests.triton.conftest import gateway_settings, statistics
@@ -20,7 +21,7 @@ from tests.triton.proxy import RecordingProxy
 from tests.tritonlocal.support import sample
 
 BUDGET_US = 100_000
-FLOOD = 6  # full 32-row classifier batches queued ahead: far more than the budget on this machine
+FLOOD = 7  # full 32-row classifier batches: those the instances are not running wait far beyond the budget
 
 
 @pytest.fixture
@@ -54,8 +55,9 @@ async def wait_for_queue(server: LocalTriton, model: str, pending: int) -> None:
 
 
 async def test_request_gets_504_and_triton_its_timeout_when_budget_expires_in_triton_queue(
-    triton: LocalTriton, proxy: RecordingProxy, proxied_gateway: RunningGateway
+    triton: LocalTriton, proxy: RecordingProxy, proxied_gateway: RunningGateway, repository: Path
 ) -> None:
+    instances = sum(group.count for group in scan(repository)["classifier"].config.instance_group)
     before = statistics(triton, "classifier", 1)
     direct = grpcaio.InferenceServerClient(triton.grpc_url)
     batch = np.ascontiguousarray(np.resize(sample("classifier", rows=1)["image"], (32, 3, 64, 64)))
@@ -73,7 +75,7 @@ async def test_request_gets_504_and_triton_its_timeout_when_budget_expires_in_tr
     }
     try:
         flood = [asyncio.create_task(full_batch()) for _ in range(FLOOD)]
-        await wait_for_queue(triton, "classifier", FLOOD - 1)  # one batch runs, the others wait in Triton's queue
+        await wait_for_queue(triton, "classifier", FLOOD - instances)  # each instance runs one, the rest wait
         async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
             started = time.monotonic()
             response = await client.post(
@@ -91,8 +93,38 @@ async def test_request_gets_504_and_triton_its_timeout_when_budget_expires_in_tr
     timeout_us = sent[0].parameters["timeout"].int64_param
     assert 0 < timeout_us <= BUDGET_US
     assert sent[0].parameters["priority"].uint64_param == 2 or sent[0].parameters["priority"].int64_param == 2
-    # Triton dropped it from its queue without running it: only the flood's rows were executed.
-    after = statistics(triton, "classifier", 1)
+    # Triton dropped it from its queue without running it: only the flood's rows were executed. Triton counts
+    # a batch just after answering it, so give the last one a moment to be counted.
+    expected = before["inference_count"] + FLOOD * 32
+    settle = time.monotonic() + 2.0
+    while (after := statistics(triton, "classifier", 1))["inference_count"] < expected and time.monotonic() < settle:
+        await asyncio.sleep(0.02)
     assert after["inference_count"] - before["inference_count"] == FLOOD * 32, (before, after)
     assert after["fail"] - before["fail"] == 1, (before, after)
     print(f"\n504 after {seconds * 1e3:.0f} ms; Triton got timeout={timeout_us} us and dropped the request")
+
+
+async def test_request_without_deadline_gets_504_after_safety_timeout_when_triton_never_answers(
+    proxy: RecordingProxy, repository: Path
+) -> None:
+    settings = gateway_settings(f"127.0.0.1:{proxy.port}", repository, triton_infer_timeout_s=0.5)
+    features = sample("mlp", rows=1)["features"]
+    body = {
+        "id": "held-1",
+        "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": features.ravel().tolist()}],
+    }
+    with running_gateway(settings) as gateway:
+        proxy.hold.set()
+        async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
+            started = time.monotonic()
+            response = await client.post(f"http://{gateway.http_url}/v2/models/mlp/versions/1/infer", json=body)
+            seconds = time.monotonic() - started
+        proxy.hold.clear()
+
+    assert response.status_code == 504, response.text
+    assert "within 0.5 s" in response.json()["error"]
+    assert 0.45 < seconds < 2.0, f"504 after {seconds:.2f} s for a 0.5 s safety timeout"
+    [held] = [i for i, r in enumerate(proxy.requests) if r.id == "held-1"]
+    # No deadline from the client: Triton gets neither a queue timeout nor a gRPC deadline to track.
+    assert "timeout" not in proxy.requests[held].parameters
+    assert proxy.deadlines[held] is None

@@ -86,11 +86,10 @@ def encode_response(response: InferResponse) -> Any:
         model_name=response.model, model_version=str(response.version), id=response.id
     )
     for output in response.outputs:
-        tensor = message.outputs.add()
-        tensor.name = output.name
-        tensor.datatype = output.datatype
-        tensor.shape.extend(output.shape)
-        message.raw_output_contents.append(np.ascontiguousarray(output.data).tobytes())
+        message.outputs.add(name=output.name, datatype=output.datatype, shape=output.data.shape)
+        # Triton's own bytes when the backend kept them: a pass-through, not a second serialisation.
+        raw = output.raw if output.raw is not None else np.ascontiguousarray(output.data).tobytes()
+        message.raw_output_contents.append(raw)
     return message
 
 
