@@ -107,7 +107,8 @@ async def measure(
     results: list[Result] = []
     cpu: dict[tuple[str, str, int], tuple[float, float, float]] = {}
     rng = np.random.default_rng(1)
-    for model, (name, shape) in MODELS.items():
+    for model in args.models:
+        name, shape = MODELS[model]
         row = rng.standard_normal((1, *shape)).astype(np.float32)
         body, headers = binary_body(name, row)
         for concurrency in args.concurrency:
@@ -158,7 +159,8 @@ def report(results: list[Result], cpu: dict[tuple[str, str, int], tuple[float, f
     top, low = max(r.concurrency for r in results), min(r.concurrency for r in results)
     print("\nGateway vs direct Triton (targets: throughput >= 0.9x at 32 clients, p50 adds <= 1 ms at 1 client):")
     ratios = []
-    for model in MODELS:
+    models = list(dict.fromkeys(r.model for r in results))
+    for model in models:
         for protocol in ("grpc", "http"):
             gateway, direct = get(model, f"gateway-{protocol}", top), get(model, f"triton-{protocol}", top)
             ratio = gateway.throughput / direct.throughput
@@ -170,7 +172,7 @@ def report(results: list[Result], cpu: dict[tuple[str, str, int], tuple[float, f
                   f"({'ok' if added <= 1.0 else 'MISSED'})")
     print(f"  median throughput ratio {statistics.median(ratios):.2f}x")
     print("A bare Python gRPC hop (floor-grpc) vs direct Triton, and the gateway vs that floor:")
-    for model in MODELS:
+    for model in models:
         floor, direct, gateway = (get(model, mode, top) for mode in ("floor-grpc", "triton-grpc", "gateway-grpc"))
         floor_added = get(model, "floor-grpc", low).percentile(50) - get(model, "triton-grpc", low).percentile(50)
         gateway_added = get(model, "gateway-grpc", low).percentile(50) - get(model, "floor-grpc", low).percentile(50)
@@ -186,6 +188,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds before each run")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per level; the median counts")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     args = parser.parse_args()
     repository = ensure_repository(args.repository.resolve())
     logs = Path(tempfile.mkdtemp(prefix="switchyard-bench-triton-logs-"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -56,6 +57,9 @@ def create_app(
                 dataplane, settings.host, settings.grpc_port, max_message_bytes=settings.max_body_bytes
             )
             log.info("gRPC listening on %s:%d", settings.host, app.state.grpc_port)
+        if settings.gc_freeze:
+            gc.collect()
+            gc.freeze()
         try:
             yield
         finally:

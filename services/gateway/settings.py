@@ -58,3 +58,6 @@ class Settings(BaseSettings):
     """Log level for the gateway and uvicorn."""
     access_log: bool = False
     """uvicorn's per-request access log (off by default: it costs throughput)."""
+    gc_freeze: bool = True
+    """Move everything alive after startup (framework, clients, models: ~200k objects) out of the cyclic
+    garbage collector's reach: otherwise its full collections re-scan them all while requests wait."""
