@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +30,7 @@ __all__ = ["LocalTriton", "TritonPorts", "free_port"]
 
 HOST = "127.0.0.1"
 _POLL_S = 0.1
+_WATCHDOG = Path(__file__).with_name("watchdog.py")
 _LOG_TAIL_LINES = 30
 
 
@@ -86,6 +88,7 @@ class LocalTriton:
         self.stop_timeout_s = stop_timeout_s
         self.exit_timeout_s = exit_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
         self._repository: DerivedRepository | None = None
 
     # -- addresses -----------------------------------------------------------------------------------------
@@ -162,6 +165,7 @@ class LocalTriton:
         self.install.check()
         if self._process is not None:  # killed from outside (a crash test): its python stubs may linger
             _reap_group(self._process)
+            self._end_watchdog()
         self._check_ports_free()
         self.build()
         log: IO[bytes] | None = self.log_file.open("ab") if self.log_file is not None else None
@@ -173,6 +177,14 @@ class LocalTriton:
                 stdout=log,
                 stderr=log,
                 start_new_session=True,  # Ctrl-C reaches the launcher, which then stops the server cleanly
+            )
+            # atexit cannot run when this process is SIGKILLed: the watchdog stops the orphan then.
+            self._watchdog = subprocess.Popen(
+                [sys.executable, str(_WATCHDOG), str(os.getpid()), str(self._process.pid)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
             )
         finally:
             if log is not None:
@@ -230,6 +242,7 @@ class LocalTriton:
                 process.wait(self.stop_timeout_s)
         _reap_group(process)
         _live.discard(process)
+        self._end_watchdog()
         return process.returncode
 
     def kill(self) -> None:
@@ -241,6 +254,18 @@ class LocalTriton:
         if process is not None:
             _reap_group(process)
             _live.discard(process)
+        self._end_watchdog()
+
+    def _end_watchdog(self) -> None:
+        """The watchdog ends by itself once the server has exited; collect it (or end it if it hangs)."""
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is None:
+            return
+        try:
+            watchdog.wait(self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            watchdog.kill()
+            watchdog.wait()
 
     def restart(self) -> None:
         self.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -77,24 +78,37 @@ def test_load_serves_a_version_exported_after_the_server_started(
         assert mlp_answers(server)
 
 
-def test_cli_prints_pid_and_urls_and_stops_the_server_when_interrupted(
-    install: TritonInstall, repository: Path, tmp_path: Path
-) -> None:
+def start_cli(install: TritonInstall, repository: Path, tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
+    """``switchyard triton`` in a subprocess, once it has printed its PID and URLs."""
     command = [sys.executable, "-m", "services", "triton", "--repository", str(repository), "--load", "mlp",
                "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
                "--derived", str(tmp_path / "derived"), "--log-file", str(tmp_path / "tritonserver.log")]
     env = {**os.environ, "SWITCHYARD_TRITON_HOME": str(install.home), "COLUMNS": "300", "NO_COLOR": "1"}
     launcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert launcher.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any("Ctrl-C" in line for line in lines):
+        line = launcher.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+    return launcher, "".join(lines)
+
+
+def group_alive(pid: int) -> bool:
     try:
-        assert launcher.stdout is not None
-        lines: list[str] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any("Ctrl-C" in line for line in lines):
-            line = launcher.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-        output = "".join(lines)
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_cli_prints_pid_and_urls_and_stops_the_server_when_interrupted(
+    install: TritonInstall, repository: Path, tmp_path: Path
+) -> None:
+    launcher, output = start_cli(install, repository, tmp_path)
+    try:
         pid = re.search(r"pid (\d+)", output)
         http = re.search(r"HTTP\s+http://127\.0\.0\.1:(\d+)", output)
         assert pid, output
@@ -111,3 +125,24 @@ def test_cli_prints_pid_and_urls_and_stops_the_server_when_interrupted(
     assert "tritonserver stopped" in rest
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid.group(1)), 0)
+
+
+def test_server_and_its_stubs_stop_when_the_launcher_is_killed_with_sigkill(
+    install: TritonInstall, repository: Path, tmp_path: Path
+) -> None:
+    launcher, output = start_cli(install, repository, tmp_path)
+    found = re.search(r"pid (\d+)", output)
+    assert found, output
+    server_pid = int(found.group(1))
+    try:
+        assert group_alive(server_pid)
+        launcher.kill()  # no atexit, no signal handler: only the watchdog can stop the server now
+        launcher.wait(10)
+        stopped = wait_for(lambda: not group_alive(server_pid), 20.0)
+    finally:
+        if launcher.stdout is not None:
+            launcher.stdout.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server_pid, signal.SIGKILL)
+    assert stopped, f"tritonserver {server_pid} (or a python stub of it) outlived its SIGKILLed launcher"
+    assert "watchdog: launcher exited: server stopped" in (tmp_path / "tritonserver.log").read_text()
