@@ -93,12 +93,12 @@ class DataPlane:
             version = self.resolve(request.model, request.version)
             version_label = str(version)
             validate(request, await self.backend.metadata(request.model, version))
-            inflight = self.metrics.inflight.labels(request.model, version_label)
-            inflight.inc()
+            series = self.metrics.served(request.model, version_label, protocol)
+            series.inflight.inc()
             try:
                 response = await self._call(request, version, started)
             finally:
-                inflight.dec()
+                series.inflight.dec()
             response.outputs = self._select(request, response)
         except GatewayError as exc:
             self.record_error(request.model, version_label, protocol, exc)
@@ -108,8 +108,8 @@ class DataPlane:
             error = GatewayError("internal server error", 500)
             self.record_error(request.model, version_label, protocol, error)
             raise error from exc
-        self.metrics.requests.labels(request.model, version_label, protocol, "200").inc()
-        self.metrics.request_duration.labels(request.model, version_label).observe(time.perf_counter() - started)
+        series.ok.inc()
+        series.duration.observe(time.perf_counter() - started)
         return response
 
     def record_error(self, model: str, version: str, protocol: str, error: GatewayError) -> None:

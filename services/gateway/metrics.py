@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
+@dataclass(frozen=True, slots=True)
+class ServedSeries:
+    """The labelled series every successful request of one model version and protocol touches."""
+
+    ok: Any
+    duration: Any
+    inflight: Any
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._served: dict[tuple[str, str, str], ServedSeries] = {}
+        self._backend: dict[tuple[str, str], Any] = {}
         self.requests = Counter(
             "switchyard_requests_total",
             "Inference requests by outcome; code is the HTTP status (gRPC answers map to the same codes).",
@@ -69,3 +83,22 @@ class GatewayMetrics:
             ["model", "result"],
             registry=registry,
         )
+
+    def served(self, model: str, version: str, protocol: str) -> ServedSeries:
+        """Looked up once per model version and protocol: ``labels()`` costs a lock and a tuple per call."""
+        key = (model, version, protocol)
+        series = self._served.get(key)
+        if series is None:
+            series = self._served[key] = ServedSeries(
+                ok=self.requests.labels(model, version, protocol, "200"),
+                duration=self.request_duration.labels(model, version),
+                inflight=self.inflight.labels(model, version),
+            )
+        return series
+
+    def backend_time(self, model: str, version: str) -> Any:
+        """``backend_duration`` of one model version, looked up once."""
+        child = self._backend.get((model, version))
+        if child is None:
+            child = self._backend[(model, version)] = self.backend_duration.labels(model, version)
+        return child

@@ -42,15 +42,23 @@ def local_triton(repository: Path, work: Path, install: TritonInstall) -> LocalT
     return LocalTriton(repository, derived=work / "derived", install=install, log_file=work / "tritonserver.log")
 
 
-def statistics(server: LocalTriton, model: str, version: int) -> dict[str, int]:
-    """Triton's own counters for one version: inference_count (rows), execution_count (batches), fail."""
+def statistics(server: LocalTriton, model: str, version: int, *, at_least: int = 0) -> dict[str, int]:
+    """Triton's own counters for one version: inference_count (rows), execution_count (batches), fail.
+
+    Triton counts a batch just after answering it: ``at_least`` waits (up to 2 s) until inference_count
+    has caught up with the rows the caller knows were answered."""
+    deadline = time.monotonic() + 2.0
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        stats = client.get_inference_statistics(model, str(version), as_json=True)["model_stats"][0]
-    return {
-        "inference_count": int(stats.get("inference_count", 0)),
-        "execution_count": int(stats.get("execution_count", 0)),
-        "fail": int(stats["inference_stats"].get("fail", {}).get("count", 0)),
-    }
+        while True:
+            stats = client.get_inference_statistics(model, str(version), as_json=True)["model_stats"][0]
+            counts = {
+                "inference_count": int(stats.get("inference_count", 0)),
+                "execution_count": int(stats.get("execution_count", 0)),
+                "fail": int(stats["inference_stats"].get("fail", {}).get("count", 0)),
+            }
+            if counts["inference_count"] >= at_least or time.monotonic() > deadline:
+                return counts
+            time.sleep(0.02)
 
 
 @pytest.fixture(scope="session")

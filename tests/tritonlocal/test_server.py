@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,8 @@ async def test_dynamic_batching_groups_requests_when_32_clients_send_at_once(
         results = await asyncio.gather(
             *(client.infer("mlp", grpc_inputs(x), model_version="1") for x in inputs)
         )
-        after = await _counts(client, "mlp", 1)
+        rows = sum(x["features"].shape[0] for x in inputs)
+        after = await _counts(client, "mlp", 1, at_least=before["inference_count"] + rows)
     finally:
         await client.close()
     for x, result in zip(inputs, results, strict=True):
@@ -167,10 +169,17 @@ def test_unload_returns_when_no_version_is_left_serving(triton: LocalTriton) -> 
     assert triton.model_states("classifier") == {1: "READY", 2: "READY"}
 
 
-async def _counts(client: Any, model: str, version: int) -> dict[str, int]:
-    stats = await client.get_inference_statistics(model, str(version), as_json=True)
-    entry = stats["model_stats"][0]
-    return {key: int(entry.get(key, 0)) for key in ("inference_count", "execution_count")}
+async def _counts(client: Any, model: str, version: int, *, at_least: int = 0) -> dict[str, int]:
+    """inference_count and execution_count; Triton counts a batch just after answering it, so wait (up to
+    2 s) until inference_count reaches ``at_least``."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        stats = await client.get_inference_statistics(model, str(version), as_json=True)
+        entry = stats["model_stats"][0]
+        counts = {key: int(entry.get(key, 0)) for key in ("inference_count", "execution_count")}
+        if counts["inference_count"] >= at_least or time.monotonic() > deadline:
+            return counts
+        await asyncio.sleep(0.02)
 
 
 def test_start_refuses_when_a_port_is_taken_by_another_server(triton: LocalTriton, tmp_path: Path) -> None:

@@ -89,6 +89,7 @@ class TritonBackend:
     async def start(self) -> None:
         self._entries = await asyncio.to_thread(repository.scan, self._root)
         for name, entry in self._entries.items():
+            _warn_if_single_instance(entry.config)
             self._configs[name] = self._transform(entry.config)
             self._wanted[name] = set(entry.selected)
             self._states[name] = dict.fromkeys(entry.selected, VersionState.UNAVAILABLE)  # until Triton says more
@@ -259,7 +260,7 @@ class TritonBackend:
             self._inflight -= 1
         breaker.record_success()
         if self._metrics is not None:
-            self._metrics.backend_duration.labels(request.model, str(version)).observe(time.monotonic() - started)
+            self._metrics.backend_time(request.model, str(version)).observe(time.monotonic() - started)
         return _infer_response(reply, request, version)
 
     # -- error translation: the only place Triton's and gRPC's errors are looked at -------------------------
@@ -379,6 +380,18 @@ class TritonBackend:
             self._states[model] = view
 
 
+def _warn_if_single_instance(config: model_config_pb2.ModelConfig) -> None:
+    """Triton 2.51's dynamic batcher can hold a request ~500 ms when the model's only instance is busy as it
+    arrives (its idle wait misses the wake-up); the exporter writes two instances for that reason."""
+    instances = sum(group.count or 1 for group in config.instance_group) if config.instance_group else 1
+    if config.HasField("dynamic_batching") and instances == 1:
+        log.warning(
+            "model '%s' has one instance with dynamic batching: Triton can then hold requests ~500 ms; "
+            "re-export it with --instances 2 (or set instance_group.count: 2 in its config.pbtxt)",
+            config.name,
+        )
+
+
 def _infer_request(
     request: InferRequest, version: int, timeout_s: float | None, priority: int
 ) -> service_pb2.ModelInferRequest:
@@ -401,15 +414,14 @@ def _infer_response(reply: service_pb2.ModelInferResponse, request: InferRequest
         raise InferenceFailed(f"Triton answered model '{request.model}' without raw output contents")
     outputs = []
     for tensor, raw in zip(reply.outputs, reply.raw_output_contents, strict=True):
+        name, datatype = tensor.name, tensor.datatype  # each read of a protobuf field builds a new str
         try:
-            dtype = numpy_dtype(tensor.datatype, tensor.name)
+            dtype = numpy_dtype(datatype, name)
         except InvalidInput:
             raise InferenceFailed(
-                f"model '{request.model}' returned output '{tensor.name}' as {tensor.datatype}, "
-                "which the gateway does not serve"
+                f"model '{request.model}' returned output '{name}' as {datatype}, which the gateway does not serve"
             ) from None
-        data = np.frombuffer(raw, dtype=dtype).reshape(tuple(tensor.shape))
-        outputs.append(InferOutput(tensor.name, tensor.datatype, data, raw=raw))
+        outputs.append(InferOutput(name, datatype, np.frombuffer(raw, dtype=dtype).reshape(tensor.shape), raw=raw))
     return InferResponse(model=request.model, version=version, id=request.id, outputs=outputs)
 
 
