@@ -18,7 +18,6 @@ import os
 import select
 import signal
 import sys
-import time
 
 GRACE_S = 5.0
 """How long the orphaned server may take to stop after SIGTERM before its whole group is SIGKILLed."""
@@ -27,46 +26,30 @@ GRACE_S = 5.0
 def watch(launcher_pid: int, server_pid: int, grace_s: float = GRACE_S) -> str:
     """Block until one of the two exits; return what happened (for the log line)."""
     try:
-        launcher = os.pidfd_open(launcher_pid)
         server = os.pidfd_open(server_pid)
     except ProcessLookupError:
-        # One is already gone: if it is the launcher, the server is an orphan.
-        if _alive(server_pid) and not _alive(launcher_pid):
-            _stop_group(server_pid, grace_s)
-            return "launcher gone before the watch began: server stopped"
-        return "nothing to watch"
+        return "server already gone"
+    try:
+        launcher = os.pidfd_open(launcher_pid)
+    except ProcessLookupError:  # the launcher died before we started watching: the server is an orphan
+        _stop_group(server_pid, server, grace_s)
+        return "launcher gone before the watch began: server stopped"
     poller = select.poll()
     poller.register(launcher, select.POLLIN)
     poller.register(server, select.POLLIN)
-    ready = {fd for fd, _ in poller.poll()}
-    if server in ready:
+    if server in {fd for fd, _ in poller.poll()}:
         return "server exited"
-    _stop_group(server_pid, grace_s, server)
+    _stop_group(server_pid, server, grace_s)
     return "launcher exited: server stopped"
 
 
-def _stop_group(server_pid: int, grace_s: float, server_fd: int | None = None) -> None:
+def _stop_group(server_pid: int, server_fd: int, grace_s: float) -> None:
     # The server leads its own session, so its process group id is its pid; the stubs are in that group.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(server_pid, signal.SIGTERM)
-    if server_fd is not None:
-        select.select([server_fd], [], [], grace_s)
-    else:
-        deadline = time.monotonic() + grace_s
-        while _alive(server_pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
+    select.select([server_fd], [], [], grace_s)  # readable once the server has exited
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(server_pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        os.killpg(server_pid, signal.SIGKILL)  # the stubs, or a server that ignored SIGTERM
 
 
 def main() -> None:
