@@ -1,30 +1,35 @@
-"""``switchyard export``: build a module from an importable factory and publish the next version."""
+"""``switchyard export``: build a module from an importable factory and publish the next version.
+
+The command is registered on every install, serving nodes included; it imports the exporter's toolchain
+(the ``export`` extra) only when it runs, and without it ends with one line naming the extra.
+"""
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
-import torch
 import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from exporter.api import STAGES, ExportResult, export
-from exporter.dtypes import torch_dtype
-from exporter.errors import ExportError, InvalidSpecError
-from exporter.specs import DEFAULT_INSTANCES, TensorSpec
+from exporter.errors import ExportError
+from exporter.specs import DEFAULT_INSTANCES
+from services.extras import MissingExtra, require
 
+if TYPE_CHECKING:
+    from exporter.api import ExportResult
+
+TOOLCHAIN = ("torch", "onnx", "onnxscript")
+"""What the ``export`` extra installs and an export imports (onnxruntime is in the base install)."""
+MISSING_EXTRA_EXIT = 2
 STAGE_LABELS = {
     "export": "export the module",
     "check": "load the artifact",
     "parity": "parity against eager PyTorch",
     "publish": "publish the version",
 }
-DYNAMIC_DIM_EXAMPLE_SIZE = 8
 
 
 def register(app: typer.Typer) -> None:
@@ -52,10 +57,15 @@ def export_command(
     debug: Annotated[bool, typer.Option(help="Show Python tracebacks.")] = False,
 ) -> None:
     """Export a PyTorch model, prove it matches eager PyTorch, and write it as a new version."""
+    _require_toolchain(debug)
+    # Imported only now: the pipeline pulls torch and onnx, which a serving node does not have.
+    from exporter.api import STAGES, export
+    from exporter.factory import build, dynamic_axes
+
     console = Console(stderr=True)
     try:
-        module, examples, input_names = _build(factory, inputs or [], example_batch)
-        dynamic_axes = _dynamic_axes(inputs or [])
+        module, examples, input_names = build(factory, inputs or [], example_batch)
+        axes = dynamic_axes(inputs or [])
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       console=console, transient=False) as progress:
             tasks = {s: progress.add_task(STAGE_LABELS[s], total=1, start=False) for s in STAGES}
@@ -70,7 +80,7 @@ def export_command(
             result = export(
                 module, examples, name=name, repository=repository, format=format,  # type: ignore[arg-type]
                 max_batch_size=max_batch_size, version=version, input_names=input_names,
-                dynamic_axes=dynamic_axes or None, instances=instances, kind=kind,  # type: ignore[arg-type]
+                dynamic_axes=axes or None, instances=instances, kind=kind,  # type: ignore[arg-type]
                 version_policy=version_policy, max_queue_delay_us=max_queue_delay_us,
                 preferred_batch_sizes=preferred_batch_size or (), atol=atol, rtol=rtol, progress=advance,
             )
@@ -83,53 +93,16 @@ def export_command(
     Console().print(summary_table(result))
 
 
-def _build(factory: str, inputs: list[str], example_batch: int) -> tuple[torch.nn.Module, Any, list[str] | None]:
-    module_name, _, attr = factory.partition(":")
-    if not module_name or not attr:
-        raise InvalidSpecError(f"invalid factory {factory!r}: expected MODULE:FACTORY, e.g. examples.models:build_mlp")
-    sys.path.insert(0, str(Path.cwd()))
+def _require_toolchain(debug: bool) -> None:
+    """Without the ``export`` extra: one line naming it and exit 2, not an ImportError's traceback."""
     try:
-        target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise InvalidSpecError(f"cannot load {factory!r}: {exc}") from exc
-    finally:
-        sys.path.pop(0)
-    try:
-        built = target()
-    except Exception as exc:
-        raise InvalidSpecError(f"the factory {factory} raised {type(exc).__name__}: {exc}") from exc
-    module, examples = built if isinstance(built, tuple) else (built, None)
-    specs = [TensorSpec.parse(text) for text in inputs]
-    if specs:
-        return module, tuple(_random_input(s, example_batch) for s in specs), [s.name for s in specs]
-    if examples is None:
-        raise InvalidSpecError(
-            f"{factory} returned only a module: describe its inputs with --input NAME:DTYPE:SHAPE "
-            "(e.g. --input image:FP32:3,64,64), or return (module, example_inputs) from the factory"
-        )
-    return module, examples, None
-
-
-def _random_input(spec: TensorSpec, batch: int) -> torch.Tensor:
-    shape = (batch, *(DYNAMIC_DIM_EXAMPLE_SIZE if d == -1 else d for d in spec.dims))
-    dtype = torch_dtype(spec.datatype)
-    generator = torch.Generator().manual_seed(0)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=generator).bool()
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=generator).to(dtype)
-    # Small non-negative integers are valid indices for any embedding table.
-    return torch.randint(0, 2, shape, generator=generator, dtype=dtype)
-
-
-def _dynamic_axes(inputs: list[str]) -> dict[str, list[int]]:
-    axes = {}
-    for text in inputs:
-        spec = TensorSpec.parse(text)
-        dynamic = [i + 1 for i, d in enumerate(spec.dims) if d == -1]
-        if dynamic:
-            axes[spec.name] = dynamic
-    return axes
+        for module in TOOLCHAIN:
+            require(module, extra="export", feature="switchyard export")
+    except MissingExtra as exc:
+        if debug:
+            raise
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(MISSING_EXTRA_EXIT) from None
 
 
 def summary_table(result: ExportResult) -> Table:

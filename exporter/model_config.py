@@ -1,20 +1,20 @@
-"""``config.pbtxt`` built as a Triton ``ModelConfig`` protobuf and written with ``text_format``."""
+"""``config.pbtxt`` for an export, built as a Triton ``ModelConfig`` protobuf; ``services.modelrepo.config``
+reads and writes it."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from exporter.dtypes import config_type
 from exporter.errors import RepositoryError
-from exporter.specs import ExportOptions, TensorSpec, VersionPolicy
+from exporter.specs import ExportOptions, Format, TensorSpec, VersionPolicy
+from services.modelrepo import config as repo_config
+from services.modelrepo.layout import ONNX_PLATFORM, TORCHSCRIPT_PLATFORM, model_filename
 
-CONFIG_FILE = "config.pbtxt"
-WARMUP_DIR = "warmup"
-PLATFORMS = {"onnx": "onnxruntime_onnx", "torchscript": "pytorch_libtorch"}
+PLATFORMS: dict[Format, str] = {"onnx": ONNX_PLATFORM, "torchscript": TORCHSCRIPT_PLATFORM}
 QUEUE_TIMEOUT_CAP_US = 300_000_000
 """Longest a request may wait in Triton's (and the embedded batcher's) queue; requests set shorter deadlines."""
 
@@ -66,15 +66,23 @@ def _set_version_policy(target: mc.ModelVersionPolicy, policy: VersionPolicy) ->
         target.latest.num_versions = policy.num_versions
 
 
-def to_text(config: mc.ModelConfig) -> str:
-    return text_format.MessageToString(config)
+def artifact_name(fmt: Format) -> str:
+    """The model file a version folder of this format holds, as the repository layout names it."""
+    filename = model_filename(mc.ModelConfig(platform=PLATFORMS[fmt]))
+    if filename is None:  # pragma: no cover - the layout names a file for both platforms
+        raise RepositoryError(f"the repository layout names no model file for platform {PLATFORMS[fmt]}")
+    return filename
 
 
-def read_config(path: Path) -> mc.ModelConfig:
+def read_config(model_dir: Path) -> mc.ModelConfig:
+    """The config every version of the model in ``model_dir`` shares."""
     try:
-        return text_format.Parse(path.read_text(), mc.ModelConfig())
-    except text_format.ParseError as exc:
-        raise RepositoryError(f"{path} is not a valid Triton model config: {exc}") from exc
+        return repo_config.read_config(model_dir)
+    except repo_config.ConfigError as exc:
+        raise RepositoryError(
+            f"{exc}. Every version of model {model_dir.name!r} shares this config: fix it, or export under "
+            "a new model name."
+        ) from exc
 
 
 def signature(config: mc.ModelConfig) -> tuple[object, ...]:

@@ -8,7 +8,6 @@ half-written version, and a failed or killed export leaves no version folder beh
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
@@ -17,11 +16,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from exporter.errors import RepositoryError
-from exporter.model_config import CONFIG_FILE, WARMUP_DIR
 from exporter.specs import validate_model_name
-
-LOCK_FILE = ".switchyard.lock"
-STAGING_PREFIX = ".staging-"
+from services.modelrepo.layout import CONFIG_FILE, STAGING_PREFIX, WARMUP_DIR, publish_lock
 
 
 class ModelRepository:
@@ -32,6 +28,9 @@ class ModelRepository:
         return self.root / validate_model_name(name)
 
     def versions(self, name: str) -> list[int]:
+        """Every integer-named folder, not only the versions ``layout.versions`` would serve: a folder
+        without its model file (being copied in, hand-made, half broken) still owns its number, so the next
+        export numbers past it instead of colliding with it or with whoever is still writing it."""
         directory = self.model_dir(name)
         if not directory.is_dir():
             return []
@@ -42,14 +41,9 @@ class ModelRepository:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Serialise publishers (several exports into one repository) with an advisory file lock."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / LOCK_FILE, "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        """Serialise publishers (several exports into one repository, a gateway rescanning it)."""
+        with publish_lock(self.root):
+            yield
 
     @contextlib.contextmanager
     def staging(self) -> Iterator[Path]:

@@ -10,15 +10,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from services.extras import runtime_conflict
 from services.gateway.backends.base import Backend
 from services.gateway.backends.embedded import EmbeddedBackend
-from services.gateway.backends.triton import TritonBackend, identity
+from services.gateway.backends.triton import ConfigTransform, TritonBackend, identity
 from services.gateway.dataplane import SERVER_VERSION, DataPlane
 from services.gateway.grpc_api import start_server
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.rest import Endpoints, add_routes
 from services.gateway.settings import Settings
-from services.tritonlocal import derive_config
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +27,13 @@ class BackendNotImplemented(Exception):
     """The configured backend is not available in this build."""
 
 
-def build_backend(settings: Settings, metrics: GatewayMetrics) -> Backend:
+def build_backend(
+    settings: Settings, metrics: GatewayMetrics, config_transform: ConfigTransform | None = None
+) -> Backend:
+    """``config_transform`` maps each model config to what the Triton server should load; the local CPU Triton
+    launcher hands in its python-backend twin transform, a production Triton loads the configs as they are."""
     if settings.backend == "triton":
-        transform = derive_config if settings.triton_local_cpu else identity
+        transform = config_transform or identity
         return TritonBackend(settings.repository, settings, transform=transform, metrics=metrics)
     return EmbeddedBackend(
         settings.repository,
@@ -41,14 +45,23 @@ def build_backend(settings: Settings, metrics: GatewayMetrics) -> Backend:
 
 
 def create_app(
-    settings: Settings, *, backend: Backend | None = None, registry: CollectorRegistry | None = None
+    settings: Settings,
+    *,
+    backend: Backend | None = None,
+    registry: CollectorRegistry | None = None,
+    config_transform: ConfigTransform | None = None,
 ) -> FastAPI:
     """``app.state.dataplane`` is the core; ``app.state.grpc_port`` is the bound gRPC port once started."""
     metrics = GatewayMetrics(registry if registry is not None else CollectorRegistry())
-    dataplane = DataPlane(backend if backend is not None else build_backend(settings, metrics), metrics)
+    if backend is None:
+        backend = build_backend(settings, metrics, config_transform)
+    dataplane = DataPlane(backend, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        conflict = runtime_conflict()
+        if conflict is not None:
+            log.error("%s", conflict)
         await dataplane.backend.start()
         dataplane.refresh_active_versions()
         grpc_server = None

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from services.gateway.app import BackendNotImplemented
+from services.gateway.backends.triton import ConfigTransform
 from services.gateway.repository import RepositoryError
 from services.gateway.settings import Settings
 
@@ -52,13 +53,18 @@ def serve(
         repository=repository,
         backend=backend,  # type: ignore[arg-type]
         triton_url=triton_url,
-        triton_local_cpu=triton_local_cpu,
         host=host,
         port=port,
         grpc_port=grpc_port,
     )
+    transform: ConfigTransform | None = None
+    if triton_local_cpu:
+        # The dev-only launcher's twin configs; a serving node never imports services.tritonlocal.
+        from services.tritonlocal.derive import derive_config
+
+        transform = derive_config
     try:
-        run_server(settings)
+        run_server(settings, transform)
     except (BackendNotImplemented, RepositoryError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -35,11 +35,15 @@ class DataPlane:
         return True
 
     async def ready(self) -> bool:
-        """Ready when the backend is live and every known model has at least one ready version."""
+        """Ready when the backend is live and every model has settled: it has a ready version, or it failed for
+        a reason waiting will not fix (logged, and told on ``/v2/models/{m}/ready``). One broken model must not
+        keep a multi-model gateway out of its load balancer; a model still loading does."""
         if not await self.backend.live():
             return False
-        models = self.backend.models()
-        return all(VersionState.READY in versions.values() for versions in models.values())
+        return all(
+            VersionState.READY in versions.values() or self.backend.problem(model) is not None
+            for model, versions in self.backend.models().items()
+        )
 
     def server_metadata(self) -> dict[str, object]:
         return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
@@ -52,14 +56,18 @@ class DataPlane:
         if version is None:
             ready = [v for v, state in versions.items() if state is VersionState.READY]
             if not ready:
-                raise ModelNotReady(f"model '{model}' has no ready version")
+                problem = self.backend.problem(model)
+                raise ModelNotReady(f"model '{model}' is unavailable: {problem}" if problem else
+                                    f"model '{model}' has no ready version")
             return max(ready)
         state = versions.get(version)
         if state is None:
             loaded = ", ".join(str(v) for v in sorted(versions)) or "none"
             raise ModelNotFound(f"model '{model}' has no version {version} loaded (loaded: {loaded})")
         if state is not VersionState.READY:
-            raise ModelNotReady(f"model '{model}' version {version} is not ready ({state.value.lower()})")
+            problem = self.backend.problem(model, version)
+            detail = f"{state.value.lower()}: {problem}" if problem else state.value.lower()
+            raise ModelNotReady(f"model '{model}' version {version} is not ready ({detail})")
         return version
 
     def refresh_active_versions(self) -> None:
@@ -69,11 +77,17 @@ class DataPlane:
                 self.metrics.active_version.labels(model).set(max(ready))
 
     async def model_ready(self, model: str, version: int | None) -> bool:
+        return await self.model_readiness(model, version) is None
+
+    async def model_readiness(self, model: str, version: int | None) -> str | None:
+        """``None`` when the model (version) answers requests now, else why not."""
         try:
             served = self.resolve(model, version)
-        except ModelNotReady:
-            return False
-        return await self.backend.ready(model, served)
+        except ModelNotReady as exc:
+            return str(exc)
+        if await self.backend.ready(model, served):
+            return None
+        return f"model '{model}' version {served} is not ready"
 
     async def model_metadata(self, model: str, version: int | None) -> ModelMetadata:
         metadata = await self.backend.metadata(model, self.resolve(model, version))

@@ -1,23 +1,22 @@
-"""Reads a model repository: ``<model>/config.pbtxt`` and the versions its ``version_policy`` selects."""
+"""The gateway's view of a model repository: each model's config, the versions on disk and the ones its
+``version_policy`` selects. Any Triton repository works; the exporter's manifest is optional."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from exporter.manifest import MANIFEST_FILE
 from services.gateway.datatypes import from_config
 from services.gateway.errors import ModelNotFound
 from services.gateway.types import ModelMetadata, TensorSpec
-
-CONFIG_FILE = "config.pbtxt"
+from services.modelrepo import layout
+from services.modelrepo.config import ConfigError, read_config, select_versions
 
 
 class RepositoryError(Exception):
-    """The repository on disk is not usable (bad config, missing artifact)."""
+    """The repository on disk is not usable (missing folder, bad config)."""
 
 
 @dataclass(frozen=True)
@@ -26,53 +25,27 @@ class ModelEntry:
     path: Path
     config: model_config_pb2.ModelConfig
     available: tuple[int, ...]
-    """Every version folder on disk (integer name, with a manifest), ascending."""
+    """Every version folder on disk (integer name, holding the model file the config names), ascending."""
+    problem: str | None = None
+    """Why the model cannot be served at all (an unreadable config); ``None`` when it can be tried."""
 
     @property
     def selected(self) -> tuple[int, ...]:
         """The versions the config's ``version_policy`` asks to serve."""
         return select_versions(self.config, self.available)
 
+    @property
+    def platform(self) -> str:
+        return layout.platform(self.config)
+
     def version_dir(self, version: int) -> Path:
         return self.path / str(version)
 
+    def model_path(self, version: int) -> Path | None:
+        return layout.model_path(self.path, version, self.config)
+
     def metadata(self, versions: tuple[int, ...]) -> ModelMetadata:
         return metadata_from_config(self.config, versions)
-
-
-def read_config(model_dir: Path) -> model_config_pb2.ModelConfig:
-    path = model_dir / CONFIG_FILE
-    config = model_config_pb2.ModelConfig()
-    try:
-        text_format.Parse(path.read_text(), config)
-    except (OSError, text_format.ParseError) as exc:
-        raise RepositoryError(f"cannot read {path}: {exc}") from exc
-    if not config.name:
-        config.name = model_dir.name
-    return config
-
-
-def available_versions(model_dir: Path) -> tuple[int, ...]:
-    """Integer-named folders holding a manifest; temp folders (``.tmp-…``) and others are not versions."""
-    found = [
-        int(child.name)
-        for child in model_dir.iterdir()
-        if child.is_dir() and child.name.isdigit() and (child / MANIFEST_FILE).is_file()
-    ]
-    return tuple(sorted(found))
-
-
-def select_versions(config: model_config_pb2.ModelConfig, available: tuple[int, ...]) -> tuple[int, ...]:
-    policy = config.version_policy
-    which = policy.WhichOneof("policy_choice")
-    if which == "all":
-        return available
-    if which == "specific":
-        wanted = {int(v) for v in policy.specific.versions}
-        return tuple(v for v in available if v in wanted)
-    # Triton's default policy is latest { num_versions: 1 }.
-    count = policy.latest.num_versions if which == "latest" and policy.latest.num_versions > 0 else 1
-    return available[-count:]
 
 
 def metadata_from_config(config: model_config_pb2.ModelConfig, versions: tuple[int, ...]) -> ModelMetadata:
@@ -91,17 +64,21 @@ def metadata_from_config(config: model_config_pb2.ModelConfig, versions: tuple[i
     )
 
 
+def read_entry(model_dir: Path) -> ModelEntry:
+    """One model folder; a config that cannot be read gives an entry with its ``problem`` instead of failing the
+    whole repository: the other models still serve. Blocking: call off the loop."""
+    try:
+        config = read_config(model_dir)
+    except ConfigError as exc:
+        return ModelEntry(model_dir.name, model_dir, model_config_pb2.ModelConfig(name=model_dir.name), (), str(exc))
+    return ModelEntry(model_dir.name, model_dir, config, layout.versions(model_dir, config))
+
+
 def scan(repository: Path) -> dict[str, ModelEntry]:
-    """Every model folder with a ``config.pbtxt``, keyed by model name."""
+    """Every model folder with a ``config.pbtxt``, keyed by model name. Blocking: call off the loop."""
     if not repository.is_dir():
         raise RepositoryError(f"model repository {repository} does not exist")
-    entries: dict[str, ModelEntry] = {}
-    for model_dir in sorted(repository.iterdir()):
-        if model_dir.name.startswith(".") or not (model_dir / CONFIG_FILE).is_file():
-            continue
-        config = read_config(model_dir)
-        entries[model_dir.name] = ModelEntry(model_dir.name, model_dir, config, available_versions(model_dir))
-    return entries
+    return {model_dir.name: read_entry(model_dir) for model_dir in layout.model_dirs(repository)}
 
 
 def find(entries: dict[str, ModelEntry], model: str) -> ModelEntry:
@@ -112,11 +89,11 @@ def find(entries: dict[str, ModelEntry], model: str) -> ModelEntry:
 
 
 def refresh(entries: dict[str, ModelEntry], model: str, version: int) -> ModelEntry:
-    """Re-read which versions ``model`` has on disk (a version exported after startup counts) and return
+    """Re-read ``model``'s config and versions from disk (a version exported after startup counts) and return
     its updated entry; ``ModelNotFound`` if ``version`` is not among them. Blocking: call off the loop."""
     entry = find(entries, model)
-    entry = replace(entry, available=available_versions(entry.path))
-    entries[model] = entry
-    if version not in entry.available:
+    fresh = read_entry(entry.path) if entry.path.is_dir() else replace(entry, available=())
+    entries[model] = fresh
+    if version not in fresh.available:
         raise ModelNotFound(f"model '{model}' has no version {version} in the repository")
-    return entry
+    return fresh

@@ -7,12 +7,13 @@ import logging
 import uvicorn
 
 from services.gateway.app import create_app
+from services.gateway.backends.triton import ConfigTransform
 from services.gateway.settings import Settings
 
 
-def uvicorn_config(settings: Settings) -> uvicorn.Config:
+def uvicorn_config(settings: Settings, config_transform: ConfigTransform | None = None) -> uvicorn.Config:
     return uvicorn.Config(
-        create_app(settings),
+        create_app(settings, config_transform=config_transform),
         host=settings.host,
         port=settings.port,
         loop="uvloop",
@@ -23,6 +24,6 @@ def uvicorn_config(settings: Settings) -> uvicorn.Config:
     )
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings, config_transform: ConfigTransform | None = None) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.Server(uvicorn_config(settings)).run()
+    uvicorn.Server(uvicorn_config(settings, config_transform)).run()

@@ -12,13 +12,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SWITCHYARD_", frozen=True)
 
     repository: Path = Path("model_repository")
-    """Model repository to serve (the exporter's output layout)."""
+    """Model repository to serve: any Triton model repository (the exporter's manifests are optional)."""
     backend: Literal["embedded", "triton"] = "embedded"
     """``embedded``: onnxruntime / TorchScript in this process; ``triton``: forward to a Triton server."""
     triton_url: str = "127.0.0.1:8101"
     """Triton's gRPC endpoint (host:port) when ``backend`` is ``triton``."""
-    triton_local_cpu: bool = False
-    """Triton is the local CPU build (``switchyard triton``): load each model's python-backend twin config."""
     triton_control_timeout_s: float = 5.0
     """Client timeout of Triton health, repository-index and configuration calls."""
     triton_infer_timeout_s: float = 60.0

@@ -16,8 +16,11 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from services.gateway.app import create_app
+from services.gateway.backends.triton import ConfigTransform
 from services.gateway.settings import Settings
 from services.gateway.types import Array
+from services.modelrepo import layout
+from services.modelrepo.config import read_config
 
 Reference = Callable[[str, int, dict[str, Array]], dict[str, Array]]
 
@@ -44,11 +47,13 @@ class RunningGateway:
 
 
 @contextmanager
-def running_gateway(settings: Settings, *, startup_timeout_s: float = 120.0) -> Iterator[RunningGateway]:
+def running_gateway(
+    settings: Settings, *, config_transform: ConfigTransform | None = None, startup_timeout_s: float = 120.0
+) -> Iterator[RunningGateway]:
     """Start uvicorn (uvloop + httptools, as ``switchyard serve``) on its own thread and event loop;
     port 0 in ``settings`` picks free ports. Stops the server on exit."""
     registry = CollectorRegistry()
-    app = create_app(settings, registry=registry)
+    app = create_app(settings, registry=registry, config_transform=config_transform)
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, loop="uvloop", http="httptools", log_level="warning"
     )
@@ -75,7 +80,8 @@ def onnx_reference(repository: Path) -> Reference:
 
     def run(model: str, version: int, inputs: dict[str, Array]) -> dict[str, Array]:
         if (model, version) not in sessions:
-            path = repository / model / str(version) / "model.onnx"
+            model_dir = repository / model
+            path = layout.model_path(model_dir, version, read_config(model_dir))
             sessions[model, version] = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         session = sessions[model, version]
         names = [o.name for o in session.get_outputs()]

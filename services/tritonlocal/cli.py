@@ -14,7 +14,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from services.tritonlocal.errors import TritonLocalError
-from services.tritonlocal.server import LocalTriton
 
 __all__ = ["register"]
 
@@ -43,6 +42,8 @@ def triton_command(
     log_file: Annotated[Path | None, typer.Option(help="Write the server's log here instead of the terminal.")] = None,
 ) -> None:
     """Start Triton (CPU, python backend) from the nvidia-pytriton wheel in explicit model-control mode."""
+    from services.tritonlocal.server import LocalTriton  # only this command needs the launcher
+
     console = Console(stderr=True, soft_wrap=True)  # paths and URLs stay on one line, copyable
     server = LocalTriton(
         repository,

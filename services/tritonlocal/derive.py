@@ -1,47 +1,54 @@
-"""Turns an exporter repository into one this CPU Triton (python backend only) can serve.
+"""Turns a model repository into one this CPU Triton (python backend only) can serve.
 
-Per model the config keeps names, dims, dtypes, ``max_batch_size``, dynamic batching, instance counts
-(on CPU), version policy and warmup, and swaps the onnxruntime/libtorch platform for the python backend; every
-version folder gets the generic ``model.py`` beside a hard link (or copy) of its artifact. Serving a
-derived copy also keeps the python backend's ``__pycache__`` out of the exporter's repository.
+ONNX and TorchScript models get a python-backend twin: the config keeps names, dims, dtypes, ``max_batch_size``,
+dynamic batching, instance counts (on CPU), version policy and warmup, swaps the onnxruntime/libtorch platform
+for the python backend and names the model file in a parameter; every version folder gets the generic
+``model.py`` beside a hard link (or copy) of the model file. Other models (TensorRT, python, ...) are linked as
+they are, and this Triton loads them if it can. Serving a derived copy also keeps the python backend's
+``__pycache__`` out of the source repository.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from services.modelrepo import layout
+from services.modelrepo.config import ConfigError, override_json, read_config, to_text
 from services.tritonlocal.errors import DerivedRepositoryError
 
 __all__ = [
-    "ARTIFACTS",
+    "ARTIFACT_PARAMETER",
+    "RUNTIME_PARAMETER",
     "DerivedModel",
     "DerivedRepository",
     "build_derived_repository",
     "derive_config",
-    "override_json",
 ]
 
-CONFIG_FILE = "config.pbtxt"
-WARMUP_DIR = "warmup"
 MODEL_FILE = "model.py"
-ARTIFACTS = ("model.onnx", "model.pt")
+ARTIFACT_PARAMETER = "switchyard_artifact"
+"""Config parameter naming the model file ``model.py`` runs (``model.onnx``, ``model.pt`` or the config's
+``default_model_filename``); ``RUNTIME_PARAMETER`` says which runtime opens it (``onnx`` or ``torchscript``)."""
+RUNTIME_PARAMETER = "switchyard_runtime"
+_TWINNED = (layout.ONNX_PLATFORM, layout.TORCHSCRIPT_PLATFORM)
 _MARKER = ".switchyard-derived"
 
 
 def derive_config(config: mc.ModelConfig) -> mc.ModelConfig:
-    """The python-backend twin of an exporter config (a new message; the argument is untouched)."""
+    """The python-backend twin of an ONNX or TorchScript config (a new message; the argument is untouched);
+    other configs are returned as a copy, unchanged."""
     derived = mc.ModelConfig()
     derived.CopyFrom(config)
+    if layout.platform(config) not in _TWINNED:
+        return derived
+    artifact = layout.model_filename(config)
     derived.ClearField("platform")
     derived.backend = "python"
     # Execution accelerators and the like configure onnxruntime/libtorch; the python backend rejects none of
@@ -49,6 +56,9 @@ def derive_config(config: mc.ModelConfig) -> mc.ModelConfig:
     derived.ClearField("optimization")
     derived.ClearField("default_model_filename")  # the python backend would look for it instead of model.py
     derived.ClearField("cc_model_filenames")
+    derived.parameters[ARTIFACT_PARAMETER].string_value = str(artifact)
+    runtime = "onnx" if layout.platform(config) == layout.ONNX_PLATFORM else "torchscript"
+    derived.parameters[RUNTIME_PARAMETER].string_value = runtime
     for group in derived.instance_group:  # this build runs on CPU only; keep the instance counts
         if group.kind in (mc.ModelInstanceGroup.KIND_GPU, mc.ModelInstanceGroup.KIND_AUTO):
             group.kind = mc.ModelInstanceGroup.KIND_CPU
@@ -78,20 +88,8 @@ class DerivedRepository:
             raise DerivedRepositoryError(f"no model '{model}' in {self.source}") from None
 
     def config_json(self, model: str, versions: Sequence[int] | None = None) -> str:
-        """The complete config as JSON for a load override, pinned to ``versions`` when given.
-
-        Triton replaces ``config.pbtxt`` with the override instead of merging, so it must be complete.
-        """
+        """The complete config as JSON for a load override, pinned to ``versions`` when given."""
         return override_json(self.config(model), versions)
-
-
-def override_json(config: mc.ModelConfig, versions: Sequence[int] | None = None) -> str:
-    """``config`` as the JSON a repository load override takes, with a ``specific`` policy when ``versions``."""
-    message = mc.ModelConfig()
-    message.CopyFrom(config)
-    if versions is not None:
-        message.version_policy.specific.versions[:] = sorted(set(versions))
-    return json_format.MessageToJson(message, preserving_proto_field_name=True)
 
 
 def build_derived_repository(source: Path, target: Path) -> DerivedRepository:
@@ -109,59 +107,63 @@ def build_derived_repository(source: Path, target: Path) -> DerivedRepository:
         raise DerivedRepositoryError(f"{target} is not empty and was not made by switchyard; pick another directory")
     target.mkdir(parents=True, exist_ok=True)
     model_source = resources.files("services.tritonlocal").joinpath("python_model.py").read_text()
-    with _locked(target):
+    with layout.locked_file(target / ".lock"):
         (target / _MARKER).touch()
-        models = {m.name: m for m in (_sync_model(d, target / d.name, model_source) for d in _model_dirs(source))}
+        dirs = layout.model_dirs(source)
+        models = {m.name: m for m in (_sync_model(d, target / d.name, model_source) for d in dirs)}
         _remove_except(target, keep={_MARKER, ".lock", *models})
     return DerivedRepository(source, target, models)
 
 
-def _model_dirs(source: Path) -> Iterator[Path]:
-    # Hidden folders are the exporter's staging area: never half a model.
-    for path in sorted(source.iterdir()):
-        if path.is_dir() and not path.name.startswith(".") and (path / CONFIG_FILE).is_file():
-            yield path
-
-
 def _sync_model(source: Path, target: Path, model_source: str) -> DerivedModel:
     try:
-        config = text_format.Parse((source / CONFIG_FILE).read_text(), mc.ModelConfig())
-    except text_format.ParseError as exc:
-        raise DerivedRepositoryError(f"{source / CONFIG_FILE} is not a valid Triton model config: {exc}") from exc
-    if config.name and config.name != source.name:
-        raise DerivedRepositoryError(f"{source / CONFIG_FILE} names model '{config.name}' but lies in {source.name}/")
+        config = read_config(source)
+    except ConfigError as exc:
+        raise DerivedRepositoryError(str(exc)) from None
     derived = derive_config(config)
-    derived.name = source.name
+    twinned = derived.backend == "python" and ARTIFACT_PARAMETER in derived.parameters
     target.mkdir(exist_ok=True)
-    _write_if_changed(target / CONFIG_FILE, text_format.MessageToString(derived))
-    keep = {CONFIG_FILE}
-    if (source / WARMUP_DIR).is_dir():
-        _sync_tree(source / WARMUP_DIR, target / WARMUP_DIR)
-        keep.add(WARMUP_DIR)
-    versions = []
-    for folder in sorted(source.iterdir(), key=lambda p: p.name):
-        artifact = next((folder / a for a in ARTIFACTS if (folder / a).is_file()), None)
-        if not folder.name.isdigit() or artifact is None:
-            continue
-        version_dir = target / folder.name
-        version_dir.mkdir(exist_ok=True)
-        _write_if_changed(version_dir / MODEL_FILE, model_source)
-        _link_or_copy(artifact, version_dir / artifact.name)
-        _remove_except(version_dir, keep={MODEL_FILE, artifact.name, "__pycache__"})
-        keep.add(folder.name)
-        versions.append(int(folder.name))
+    _write_if_changed(target / layout.CONFIG_FILE, to_text(derived))
+    keep = {layout.CONFIG_FILE}
+    if (source / layout.WARMUP_DIR).is_dir():
+        _sync_tree(source / layout.WARMUP_DIR, target / layout.WARMUP_DIR)
+        keep.add(layout.WARMUP_DIR)
+    versions = layout.versions(source, config)
+    for version in versions:
+        version_dir = target / str(version)
+        if twinned:
+            artifact = source / str(version) / derived.parameters[ARTIFACT_PARAMETER].string_value
+            version_dir.mkdir(exist_ok=True)
+            _write_if_changed(version_dir / MODEL_FILE, model_source)
+            _link_tree_or_file(artifact, version_dir / artifact.name)
+            _remove_except(version_dir, keep={MODEL_FILE, artifact.name, "__pycache__"})
+        else:
+            _sync_tree(source / str(version), version_dir)
+        keep.add(str(version))
     _remove_except(target, keep=keep)
-    return DerivedModel(source.name, tuple(sorted(versions)), derived)
+    return DerivedModel(source.name, versions, derived)
 
 
 def _sync_tree(source: Path, target: Path) -> None:
+    """Mirror ``source`` (files and folders, recursively) into ``target`` with hard links."""
     target.mkdir(exist_ok=True)
     names = set()
     for path in source.iterdir():
-        if path.is_file():
+        if path.is_dir():
+            _sync_tree(path, target / path.name)
+        elif path.is_file():
             _link_or_copy(path, target / path.name)
-            names.add(path.name)
+        else:
+            continue
+        names.add(path.name)
     _remove_except(target, keep=names)
+
+
+def _link_tree_or_file(source: Path, target: Path) -> None:
+    if source.is_dir():  # an ONNX model with external data, a SavedModel
+        _sync_tree(source, target)
+    else:
+        _link_or_copy(source, target)
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -196,14 +198,3 @@ def _remove_except(folder: Path, keep: Iterable[str]) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
-
-
-@contextlib.contextmanager
-def _locked(target: Path) -> Iterator[None]:
-    """Two launchers building the same derived repository take turns."""
-    with (target / ".lock").open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

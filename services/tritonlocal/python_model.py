@@ -1,4 +1,4 @@
-"""Triton python-backend model that serves an exporter artifact (``model.onnx`` or ``model.pt``) on CPU.
+"""Triton python-backend model that serves an ONNX or TorchScript model file on CPU.
 
 Not imported by Switchyard: the derived-repository builder copies this file as ``<model>/<version>/model.py``
 and Triton's python stub runs it, inside the stub env (numpy < 2, onnxruntime, torch).
@@ -32,13 +32,19 @@ class TritonPythonModel:
         # Each instance is its own stub process: share the cores between them instead of each taking all.
         instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
         threads = max(1, (os.cpu_count() or 1) // instances)
-        if (folder / "model.onnx").is_file():
+        # The derived config names the model file and its runtime (services/tritonlocal/derive.py).
+        parameters = config.get("parameters", {})
+        artifact = parameters.get("switchyard_artifact", {}).get("string_value", "")
+        runtime = parameters.get("switchyard_runtime", {}).get("string_value", "")
+        if not artifact or runtime not in ("onnx", "torchscript"):
+            raise pb_utils.TritonModelException("config lacks the switchyard_artifact / switchyard_runtime parameters")
+        if not (folder / artifact).exists():
+            raise pb_utils.TritonModelException(f"{folder} holds no {artifact}")
+        if runtime == "onnx":
             names = ([n for n, _ in self.inputs], [n for n, _ in self.outputs])
-            self.run: Runner = _onnx_runner(folder / "model.onnx", *names, threads=threads)
-        elif (folder / "model.pt").is_file():
-            self.run = _torch_runner(folder / "model.pt", threads=threads)
+            self.run: Runner = _onnx_runner(folder / artifact, *names, threads=threads)
         else:
-            raise pb_utils.TritonModelException(f"{folder} holds neither model.onnx nor model.pt")
+            self.run = _torch_runner(folder / artifact, threads=threads)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses: list[Any] = [None] * len(requests)

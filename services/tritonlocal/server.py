@@ -6,11 +6,9 @@ Started in ``--model-control-mode=explicit`` on 127.0.0.1; ports stay fixed acro
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,15 +18,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO
 
+from services.modelrepo.config import select_versions
+from services.tritonlocal.control import run_control
 from services.tritonlocal.derive import DerivedRepository, build_derived_repository
 from services.tritonlocal.errors import TritonLocalError, TritonStartError
 from services.tritonlocal.install import TritonInstall
+from services.tritonlocal.processes import HOST, check_ports_free, digest, free_port, live, reap_group
 
 __all__ = ["LocalTriton", "TritonPorts", "free_port"]
 
-HOST = "127.0.0.1"
 _POLL_S = 0.1
 _WATCHDOG = Path(__file__).with_name("watchdog.py")
 _LOG_TAIL_LINES = 30
@@ -43,13 +43,6 @@ class TritonPorts:
     http: int
     grpc: int
     metrics: int
-
-
-def free_port() -> int:
-    """A port the kernel considers free now (it may be taken again before it is bound; fine for tests)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 class LocalTriton:
@@ -80,7 +73,7 @@ class LocalTriton:
     ) -> None:
         self.install = install or TritonInstall.default()
         self.source = Path(repository).resolve()
-        self.derived_root = derived or self.install.home / "repositories" / f"{self.source.name}-{_digest(self.source)}"
+        self.derived_root = derived or self.install.home / "repositories" / f"{self.source.name}-{digest(self.source)}"
         self.ports = TritonPorts(http_port or free_port(), grpc_port or free_port(), metrics_port or free_port())
         self.startup_models = tuple(load)
         self.log_file = log_file
@@ -164,9 +157,9 @@ class LocalTriton:
             raise TritonLocalError(f"tritonserver is already running (pid {self.pid})")
         self.install.check()
         if self._process is not None:  # killed from outside (a crash test): its python stubs may linger
-            _reap_group(self._process)
+            reap_group(self._process)
             self._end_watchdog()
-        self._check_ports_free()
+        check_ports_free({"HTTP": self.ports.http, "gRPC": self.ports.grpc, "metrics": self.ports.metrics})
         self.build()
         log: IO[bytes] | None = self.log_file.open("ab") if self.log_file is not None else None
         try:
@@ -189,24 +182,12 @@ class LocalTriton:
         finally:
             if log is not None:
                 log.close()
-        _live.add(self._process)
+        live.add(self._process)
         try:
             self.wait_ready(self.ready_timeout_s)
         except BaseException:
             self.kill()
             raise
-
-    def _check_ports_free(self) -> None:
-        # Another server on our port would answer the readiness polls in our place.
-        for kind, port in (("HTTP", self.ports.http), ("gRPC", self.ports.grpc), ("metrics", self.ports.metrics)):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers of a crash are fine
-                try:
-                    sock.bind((HOST, port))
-                except OSError as exc:
-                    raise TritonStartError(
-                        f"{kind} port {port} on {HOST} is in use ({exc.strerror}); pick another"
-                    ) from None
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -240,8 +221,8 @@ class LocalTriton:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(self.stop_timeout_s)
-        _reap_group(process)
-        _live.discard(process)
+        reap_group(process)
+        live.discard(process)
         self._end_watchdog()
         return process.returncode
 
@@ -252,8 +233,8 @@ class LocalTriton:
             process.kill()
             process.wait(self.stop_timeout_s)
         if process is not None:
-            _reap_group(process)
-            _live.discard(process)
+            reap_group(process)
+            live.discard(process)
         self._end_watchdog()
 
     def _end_watchdog(self) -> None:
@@ -280,89 +261,27 @@ class LocalTriton:
     ) -> None:
         self.stop()
 
-    # -- model control (gRPC: a load over HTTP can stall HTTP inference) ------------------------------------
+    # -- model control (services.modelrepo.control, over gRPC) --------------------------------------------
     def load(self, model: str, versions: Sequence[int] | None = None, timeout_s: float = 60.0) -> None:
-        """Load ``model`` with its complete derived config, pinned to ``versions`` when given.
-
-        Returns once the selected versions are ready and the versions the new policy drops have finished
-        unloading (Triton answers the load call before that).
-        """
-        import tritonclient.grpc as grpcclient
-
+        """Load ``model`` with its complete derived config, pinned to ``versions`` (default: what its version
+        policy selects); return once they are ready and the versions it drops have finished unloading."""
         self.build()  # pick up versions exported since the server started
-        config = self.repository.config_json(model, versions)
-        with contextlib.closing(grpcclient.InferenceServerClient(self.grpc_url)) as client:
-            client.load_model(model, config=config, client_timeout=timeout_s)
-            self._settle(client, model, set(versions or ()), timeout_s)
+        derived = self.repository.models.get(model)
+        if derived is None:
+            raise TritonLocalError(f"no model '{model}' in {self.source}")
+        chosen = select_versions(derived.config, derived.versions) if versions is None else tuple(versions)
+        run_control(self.grpc_url, lambda control: control.load(model, derived.config, chosen, timeout_s=timeout_s))
 
     def unload(self, model: str, timeout_s: float = 30.0) -> None:
         """Unload ``model`` and return once no version is still unloading."""
-        import tritonclient.grpc as grpcclient
-
-        with contextlib.closing(grpcclient.InferenceServerClient(self.grpc_url)) as client:
-            client.unload_model(model, client_timeout=timeout_s)
-            self._settle(client, model, set(), timeout_s, unloading=True)
-
-    def _settle(self, client: Any, model: str, ready: set[int], timeout_s: float, unloading: bool = False) -> None:
-        deadline = time.monotonic() + timeout_s
-        states: dict[int, str] = {}
-        while time.monotonic() < deadline:
-            states = _states(client, model)
-            moving = {v for v, state in states.items() if state in ("LOADING", "UNLOADING")}
-            if unloading:
-                moving |= {v for v, state in states.items() if state == "READY"}
-            if not moving and all(states.get(v) == "READY" for v in ready):
-                return
-            time.sleep(_POLL_S)
-        raise TritonLocalError(f"model '{model}' did not settle within {timeout_s:.0f} s: {states}")
+        run_control(self.grpc_url, lambda control: control.unload(model, timeout_s=timeout_s))
 
     def model_states(self, model: str) -> dict[int, str]:
         """Version → state (``READY``, ``UNAVAILABLE``, ...) from the repository index."""
-        import tritonclient.grpc as grpcclient
-
-        with contextlib.closing(grpcclient.InferenceServerClient(self.grpc_url)) as client:
-            return _states(client, model)
+        return run_control(self.grpc_url, lambda control: control.index(10.0)).get(model, {})
 
     def _log_tail(self) -> str:
         if self.log_file is None or not self.log_file.is_file():
             return ""
         lines = self.log_file.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
         return f"; last lines of {self.log_file}:\n" + "\n".join(lines)
-
-
-def _states(client: Any, model: str) -> dict[int, str]:
-    index = client.get_model_repository_index(as_json=True)
-    return {
-        int(entry["version"]): str(entry.get("state", ""))
-        for entry in index.get("models", [])
-        if entry.get("name") == model and entry.get("version")
-    }
-
-
-def _digest(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha1(str(path).encode()).hexdigest()[:10]
-
-
-# Servers still running when the interpreter exits (a failed test, an exception in a script) are killed,
-# never orphaned.
-_live: set[subprocess.Popen[bytes]] = set()
-
-
-def _reap_group(process: subprocess.Popen[bytes]) -> None:
-    """Kill what is left of an exited server's process group (it leads its own session, so the group id
-    is its pid): python-backend stubs orphaned by a SIGKILLed server do not always exit by themselves."""
-    if process.poll() is None:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-
-
-@atexit.register
-def _kill_leftovers() -> None:
-    for process in list(_live):
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
-        _reap_group(process)

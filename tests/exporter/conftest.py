@@ -8,10 +8,3 @@ import pytest
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     return tmp_path / "model_repository"
-
-
-def listing(root: Path) -> list[str]:
-    """Every path under the repository, lock file excluded: what a polling server would see."""
-    if not root.exists():
-        return []
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.name != ".switchyard.lock")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).parents[2]
 
@@ -49,3 +52,31 @@ def test_cli_export_shows_traceback_when_debug_is_set(repo: Path) -> None:
     assert done.returncode == 1
     assert "Traceback" in done.stderr
     assert "InvalidSpecError" in done.stderr
+
+
+# An install without the `export` extra, as the command meets it: importing these modules fails.
+WITHOUT_EXTRA = textwrap.dedent(
+    """
+    import sys
+    for name in sys.argv[1].split(","):
+        sys.modules[name] = None
+    sys.argv = ["switchyard", "export", "examples.models:build_mlp", "--name", "mlp", "--repository", sys.argv[2],
+                "--input", "features:FP32:32"]
+    from services.cli import main
+    main()
+    """
+)
+
+
+@pytest.mark.parametrize("missing", [("torch", "onnx", "onnxscript"), ("onnxscript",)])
+def test_cli_export_names_the_extra_in_one_line_when_toolchain_is_missing(repo: Path, missing: tuple[str, ...]) -> None:
+    done = subprocess.run([sys.executable, "-c", WITHOUT_EXTRA, ",".join(missing), str(repo)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300, check=False)
+
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"error: switchyard export needs the 'export' extra ({missing[0]} is not installed): "
+        "pip install 'switchyard[export]'"
+    ]
+    assert done.stdout == ""
+    assert not repo.exists()

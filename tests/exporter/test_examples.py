@@ -11,7 +11,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from examples.export_examples import EXAMPLES, export_examples
-from exporter.manifest import read_manifest, read_samples
+from services.modelrepo.manifest import read_manifest, read_samples
 
 
 def test_export_examples_writes_two_differing_faithful_versions_when_repository_is_empty(repo: Path) -> None:

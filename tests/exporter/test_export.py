@@ -14,8 +14,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from examples.models import build_classifier, build_mlp, build_mlp_v2, classifier_inputs, mlp_inputs
 from exporter import ExportError, InvalidSpecError, RepositoryError, export
-from exporter.manifest import read_manifest, read_samples
-from tests.exporter.conftest import listing
+from services.modelrepo.manifest import read_manifest, read_samples
+from tests.exporter.helpers import listing
 
 
 def parse_config(path: Path) -> mc.ModelConfig:
@@ -133,6 +133,26 @@ def test_export_refuses_other_signature_when_model_has_versions(repo: Path) -> N
 
     with pytest.raises(RepositoryError, match="share one config.pbtxt"):
         export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["renamed"])
+
+    assert listing(repo) == before
+
+
+def test_export_numbers_past_folder_when_it_holds_no_model_file(repo: Path) -> None:
+    (repo / "mlp" / "3").mkdir(parents=True)  # a version still being copied in, or a broken one
+
+    result = export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"])
+
+    assert result.version == 4
+    assert listing(repo / "mlp" / "3") == []
+
+
+def test_export_refuses_model_when_its_config_is_unreadable(repo: Path) -> None:
+    (repo / "mlp").mkdir(parents=True)
+    (repo / "mlp" / "config.pbtxt").write_text("platform: {{ not protobuf text")
+    before = listing(repo)
+
+    with pytest.raises(RepositoryError, match=r"cannot read .*mlp/config.pbtxt.*fix it, or export under a new"):
+        export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"])
 
     assert listing(repo) == before
 

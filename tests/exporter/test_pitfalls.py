@@ -14,7 +14,7 @@ from torch import nn
 from tritonclient.grpc import model_config_pb2 as mc
 
 from exporter import DynamicBatchError, ModelError, ParityError, UnsupportedOperatorError, export
-from tests.exporter.conftest import listing
+from tests.exporter.helpers import listing
 
 
 class Linear(nn.Module):

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from examples.models import build_mlp, mlp_inputs
 from exporter import export
-from exporter.repository import STAGING_PREFIX, ModelRepository
-from tests.exporter.conftest import listing
+from exporter.repository import ModelRepository
+from services.modelrepo.layout import STAGING_PREFIX
+from tests.exporter.helpers import listing
 
 # Runs an export in a child process and SIGKILLs it from inside the publish step, after the
 # version is fully staged and before it is moved into place: the worst moment to crash.

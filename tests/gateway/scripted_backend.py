@@ -22,6 +22,8 @@ class ScriptedBackend:
     """Raised by ``infer``: a ``GatewayError`` the backend means, anything else a bug."""
     calls: list[tuple[int, float | None, int]] = field(default_factory=list)
     started: bool = False
+    problems: dict[int | None, str] = field(default_factory=dict)
+    """What ``problem()`` answers, keyed by version (``None``: the model as a whole)."""
 
     async def start(self) -> None:
         self.started = True
@@ -34,6 +36,9 @@ class ScriptedBackend:
 
     def models(self) -> Mapping[str, Mapping[int, VersionState]]:
         return {"double": dict(self.states)}
+
+    def problem(self, model: str, version: int | None = None) -> str | None:
+        return self.problems.get(version)
 
     async def load(self, model: str, version: int) -> None:
         self.states[version] = VersionState.READY

@@ -9,6 +9,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from services.gateway import repository
+from services.modelrepo.config import read_config
 
 CONFIG = """
 name: "m"
@@ -25,7 +26,7 @@ def _model(root: Path, policy: str, versions: list[str]) -> Path:
     (model / "config.pbtxt").write_text(CONFIG + policy)
     for name in versions:
         (model / name).mkdir()
-        (model / name / "manifest.json").write_text("{}")
+        (model / name / "model.onnx").write_bytes(b"graph")
     return model
 
 
@@ -43,8 +44,10 @@ def test_scan_selects_versions_by_policy_when_repository_read(
     tmp_path: Path, policy: str, selected: tuple[int]
 ) -> None:
     model = _model(tmp_path, policy, ["1", "3", "10"])
-    (model / ".tmp-4").mkdir()  # an export in progress
-    (model / "7").mkdir()  # no manifest: not a version
+    (model / ".staging-4").mkdir()  # an export in progress
+    (model / "7").mkdir()  # no model.onnx: not a version
+    (model / "8").mkdir()
+    (model / "8" / "model.pt").write_bytes(b"")  # not the file an onnxruntime_onnx config names
     entry = repository.scan(tmp_path)["m"]
     assert entry.available == (1, 3, 10)
     assert entry.selected == selected
@@ -60,11 +63,47 @@ def test_metadata_from_config_maps_types_when_config_parsed(tmp_path: Path) -> N
     assert metadata.served_shape(metadata.inputs[0]) == [-1, -1, 4]
 
 
-def test_scan_raises_repository_error_when_config_unparsable(tmp_path: Path) -> None:
+def test_scan_reports_the_model_problem_and_keeps_the_others_when_a_config_is_unparsable(tmp_path: Path) -> None:
+    _model(tmp_path, "", ["1"])
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.pbtxt").write_text("max_batch_size: [")
-    with pytest.raises(repository.RepositoryError, match="cannot read .*bad/config.pbtxt"):
-        repository.scan(tmp_path)
+    entries = repository.scan(tmp_path)
+    assert entries["m"].problem is None
+    assert entries["bad"].problem is not None
+    assert "cannot read" in entries["bad"].problem
+    assert "bad/config.pbtxt" in entries["bad"].problem
+    assert entries["bad"].available == ()
+
+
+def test_scan_reports_a_config_naming_another_model_when_names_differ(tmp_path: Path) -> None:
+    model = _model(tmp_path, "", ["1"])
+    (model / "config.pbtxt").write_text(CONFIG.replace('name: "m"', 'name: "other"'))
+    assert "names model 'other' but lies in m/" in str(repository.scan(tmp_path)["m"].problem)
+
+
+@pytest.mark.parametrize(
+    ("config", "files", "expected"),
+    [
+        ('platform: "onnxruntime_onnx" default_model_filename: "net.onnx"', ["net.onnx"], (1,)),
+        ('platform: "onnxruntime_onnx" default_model_filename: "net.onnx"', ["model.onnx"], ()),
+        ('backend: "onnxruntime"', ["model.onnx"], (1,)),
+        ('backend: "pytorch"', ["model.pt"], (1,)),
+        ('platform: "tensorrt_plan"', ["model.plan"], (1,)),
+        ('backend: "python"', ["model.py"], (1,)),
+        ('platform: "ensemble"', [], (1,)),
+    ],
+    ids=["default-filename", "default-filename-missing", "onnx-backend", "pytorch", "tensorrt", "python", "ensemble"],
+)
+def test_scan_finds_versions_by_the_model_file_the_config_names_when_written_by_hand(
+    tmp_path: Path, config: str, files: list[str], expected: tuple[int, ...]
+) -> None:
+    model = tmp_path / "hand"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(config)
+    for name in files:
+        (model / "1" / name).write_bytes(b"")
+    entry = repository.scan(tmp_path)["hand"]
+    assert (entry.config.name, entry.available) == ("hand", expected)
 
 
 def test_scan_raises_repository_error_when_folder_missing(tmp_path: Path) -> None:
@@ -74,5 +113,6 @@ def test_scan_raises_repository_error_when_folder_missing(tmp_path: Path) -> Non
 
 def test_read_config_round_trips_when_written_by_text_format(tmp_path: Path) -> None:
     config = model_config_pb2.ModelConfig(name="m", platform="pytorch_libtorch", max_batch_size=4)
-    (tmp_path / "config.pbtxt").write_text(text_format.MessageToString(config))
-    assert repository.read_config(tmp_path) == config
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.pbtxt").write_text(text_format.MessageToString(config))
+    assert read_config(tmp_path / "m") == config

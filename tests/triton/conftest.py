@@ -11,54 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import tritonclient.grpc as grpcclient
 
 from examples.export_examples import export_examples
-from services.gateway import Settings
-from services.gateway.testing import Reference, RunningGateway, onnx_reference, running_gateway
+from services.gateway.testing import Reference, RunningGateway, onnx_reference
 from services.tritonlocal import LocalTriton, TritonInstall
+from tests.triton.support import gateway_settings, local_gateway, local_triton
 from tests.tritonlocal.support import require_install
-
-MODELS = ("classifier", "mlp")
-
-
-def gateway_settings(triton_url: str, repository: Path, **overrides: object) -> Settings:
-    """The gateway in front of the local CPU Triton, on free ports, with a quick probe for the tests."""
-    values: dict[str, object] = {
-        "repository": repository,
-        "backend": "triton",
-        "triton_url": triton_url,
-        "triton_local_cpu": True,
-        "port": 0,
-        "grpc_port": 0,
-        "triton_probe_interval_s": 0.2,
-    }
-    values.update(overrides)
-    return Settings(**values)  # type: ignore[arg-type]
-
-
-def local_triton(repository: Path, work: Path, install: TritonInstall) -> LocalTriton:
-    """Free ports, picked once: a restart comes back on the same ones."""
-    return LocalTriton(repository, derived=work / "derived", install=install, log_file=work / "tritonserver.log")
-
-
-def statistics(server: LocalTriton, model: str, version: int, *, at_least: int = 0) -> dict[str, int]:
-    """Triton's own counters for one version: inference_count (rows), execution_count (batches), fail.
-
-    Triton counts a batch just after answering it: ``at_least`` waits (up to 2 s) until inference_count
-    has caught up with the rows the caller knows were answered."""
-    deadline = time.monotonic() + 2.0
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        while True:
-            stats = client.get_inference_statistics(model, str(version), as_json=True)["model_stats"][0]
-            counts = {
-                "inference_count": int(stats.get("inference_count", 0)),
-                "execution_count": int(stats.get("execution_count", 0)),
-                "fail": int(stats["inference_stats"].get("fail", {}).get("count", 0)),
-            }
-            if counts["inference_count"] >= at_least or time.monotonic() > deadline:
-                return counts
-            time.sleep(0.02)
 
 
 @pytest.fixture(scope="session")
@@ -89,6 +47,6 @@ def triton(install: TritonInstall, repository: Path, tmp_path_factory: pytest.Te
 @pytest.fixture(scope="session")
 def gateway(triton: LocalTriton, repository: Path) -> Iterator[RunningGateway]:
     started = time.monotonic()
-    with running_gateway(gateway_settings(triton.grpc_url, repository)) as running:
+    with local_gateway(gateway_settings(triton.grpc_url, repository)) as running:
         print(f"gateway (backend=triton) up with all versions loaded in {time.monotonic() - started:.1f} s")
         yield running

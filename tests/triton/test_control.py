@@ -17,7 +17,7 @@ from services.gateway.errors import BackendUnavailable, ModelNotFound, ModelNotR
 from services.gateway.testing import Reference
 from services.gateway.types import InferInput, InferRequest, VersionState
 from services.tritonlocal import TritonInstall, derive_config
-from tests.triton.conftest import local_triton
+from tests.triton.support import local_triton
 from tests.tritonlocal.support import sample
 
 READY = VersionState.READY

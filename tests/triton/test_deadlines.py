@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc.aio as grpcaio
 
-from services.gateway.testing import RunningGateway, running_gateway
+from services.gateway.testing import RunningGateway
 from services.tritonlocal import LocalTriton
-from tests.triton.conftest import gateway_settings, statistics
 from tests.triton.proxy import RecordingProxy
+from tests.triton.support import gateway_settings, local_gateway, statistics
 from tests.tritonlocal.support import sample
 
 BUDGET_US = 100_000
@@ -40,7 +40,7 @@ def proxy(triton: LocalTriton) -> Iterator[RecordingProxy]:
 @pytest.fixture
 def proxied_gateway(proxy: RecordingProxy, repository: Path) -> Iterator[RunningGateway]:
     url = f"127.0.0.1:{proxy.port}"
-    with running_gateway(gateway_settings(url, repository)) as running:
+    with local_gateway(gateway_settings(url, repository)) as running:
         yield running
 
 
@@ -111,7 +111,7 @@ async def test_request_without_deadline_gets_504_after_safety_timeout_when_trito
         "id": "held-1",
         "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": features.ravel().tolist()}],
     }
-    with running_gateway(settings) as gateway:
+    with local_gateway(settings) as gateway:
         proxy.hold.set()
         async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
             started = time.monotonic()

@@ -15,9 +15,9 @@ import grpc
 import httpx
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from services.gateway.testing import RunningGateway, running_gateway
+from services.gateway.testing import RunningGateway
 from services.tritonlocal import TritonInstall
-from tests.triton.conftest import gateway_settings, local_triton
+from tests.triton.support import gateway_settings, local_gateway, local_triton
 from tests.tritonlocal.support import sample
 
 DEADLINE_S = 1.0
@@ -87,7 +87,7 @@ async def test_gateway_fails_fast_then_recovers_when_triton_is_killed_and_restar
     install: TritonInstall, repository: Path, tmp_path: Path
 ) -> None:
     server = local_triton(repository, tmp_path, install)
-    with server, running_gateway(gateway_settings(server.grpc_url, repository)) as gateway:
+    with server, local_gateway(gateway_settings(server.grpc_url, repository)) as gateway:
         health = httpx.AsyncClient(trust_env=False, timeout=2.0)
 
         async def ready() -> bool:

@@ -10,7 +10,7 @@ import pytest
 
 from services.gateway.backends.triton import TritonBackend
 from services.tritonlocal import free_port
-from tests.triton.conftest import gateway_settings
+from tests.triton.support import gateway_settings
 
 
 def copy_with_instances(source: Path, target: Path, count: int) -> Path:

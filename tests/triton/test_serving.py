@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from services.gateway.testing import Reference, RunningGateway
 from services.tritonlocal import LocalTriton
-from tests.triton.conftest import MODELS, statistics
+from tests.triton.support import MODELS, statistics
 from tests.tritonlocal.support import sample
 
 CASES = list(product(MODELS, (1, 2)))

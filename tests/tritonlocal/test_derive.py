@@ -10,6 +10,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from services.tritonlocal import DerivedRepositoryError, build_derived_repository, derive_config
+from services.tritonlocal.derive import ARTIFACT_PARAMETER, RUNTIME_PARAMETER
 
 EXPORTER_CONFIG = """
 name: "mlp"
@@ -65,19 +66,46 @@ def test_derive_config_runs_gpu_instances_on_cpu_when_the_export_targeted_a_gpu(
 
 
 def test_build_writes_model_py_and_links_the_artifact_when_the_target_is_new(tmp_path: Path) -> None:
-    source = make_source(tmp_path / "src", {1: "model.onnx", 2: "model.pt"})
+    source = make_source(tmp_path / "src", {1: "model.onnx", 2: "model.onnx", 3: "model.pt"})
     derived = build_derived_repository(source, tmp_path / "derived")
     assert set(derived.models) == {"mlp"}
-    assert derived.models["mlp"].versions == (1, 2)
+    assert derived.models["mlp"].versions == (1, 2)  # version 3 lacks the model.onnx its config names
     root = tmp_path / "derived" / "mlp"
     assert sorted(p.name for p in (root / "1").iterdir()) == ["model.onnx", "model.py"]
-    assert sorted(p.name for p in (root / "2").iterdir()) == ["model.pt", "model.py"]
     assert (root / "1" / "model.onnx").read_bytes() == b"weights of v1"
     assert "class TritonPythonModel" in (root / "2" / "model.py").read_text()
+    assert not (root / "3").exists()
     assert (root / "warmup" / "features").stat().st_size == 128
     written = text_format.Parse((root / "config.pbtxt").read_text(), mc.ModelConfig())
     assert written == derived.config("mlp")
     assert written.backend == "python"
+    assert written.parameters[ARTIFACT_PARAMETER].string_value == "model.onnx"
+    assert written.parameters[RUNTIME_PARAMETER].string_value == "onnx"
+
+
+def test_build_runs_the_named_model_file_when_the_config_sets_default_model_filename(tmp_path: Path) -> None:
+    source = make_source(tmp_path / "src", {1: "resnet.pt"})
+    config = source / "mlp" / "config.pbtxt"
+    hand_written = 'backend: "pytorch" default_model_filename: "resnet.pt"'
+    config.write_text(EXPORTER_CONFIG.replace('platform: "onnxruntime_onnx"', hand_written))
+    derived = build_derived_repository(source, tmp_path / "derived").config("mlp")
+    assert (derived.backend, derived.default_model_filename) == ("python", "")
+    assert derived.parameters[ARTIFACT_PARAMETER].string_value == "resnet.pt"
+    assert derived.parameters[RUNTIME_PARAMETER].string_value == "torchscript"
+    assert (tmp_path / "derived" / "mlp" / "1" / "resnet.pt").read_bytes() == b"weights of v1"
+
+
+def test_build_links_other_models_as_they_are_when_no_python_twin_can_run_them(tmp_path: Path) -> None:
+    model = tmp_path / "src" / "engine"
+    (model / "1" / "plugins").mkdir(parents=True)
+    (model / "config.pbtxt").write_text('platform: "tensorrt_plan" max_batch_size: 4')
+    (model / "1" / "model.plan").write_bytes(b"plan")
+    (model / "1" / "plugins" / "lib.so").write_bytes(b"so")
+    derived = build_derived_repository(tmp_path / "src", tmp_path / "derived")
+    assert derived.config("engine").platform == "tensorrt_plan"
+    assert derived.models["engine"].versions == (1,)
+    assert (tmp_path / "derived" / "engine" / "1" / "plugins" / "lib.so").read_bytes() == b"so"
+    assert not (tmp_path / "derived" / "engine" / "1" / "model.py").exists()
 
 
 def test_build_adds_and_removes_versions_when_the_source_changes(tmp_path: Path) -> None:

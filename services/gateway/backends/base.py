@@ -34,6 +34,10 @@ class Backend(Protocol):
         itself (the Triton backend from its load/unload calls and a periodic repository index).
         """
 
+    def problem(self, model: str, version: int | None = None) -> str | None:
+        """Why the model (``version=None``: every version it tried failed, or it cannot run here at all) or one
+        version cannot serve, when the backend knows a reason that waiting will not fix; ``None`` otherwise."""
+
     async def load(self, model: str, version: int) -> None:
         """Load one version beside the others and return once it is warmed up and ready."""
 

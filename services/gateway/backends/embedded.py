@@ -12,24 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 from tritonclient.grpc import model_config_pb2
 
-from exporter.manifest import read_manifest, read_samples
+from services.extras import MissingExtra
 from services.gateway import repository
-from services.gateway.backends.runners import OnnxRunner, Runner, TorchScriptRunner
+from services.gateway.backends.runners import Runner, UnsupportedModel, build_runner, check_supported
 from services.gateway.batcher import BatchPolicy, DynamicBatcher, Observer
-from services.gateway.datatypes import numpy_dtype
 from services.gateway.errors import GatewayError, ModelNotFound, ModelNotReady
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.types import (
-    Array,
-    InferOutput,
-    InferRequest,
-    InferResponse,
-    ModelMetadata,
-    VersionState,
-)
+from services.gateway.types import Array, InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
+from services.gateway.warmup import warmup_requests
+from services.modelrepo import layout
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +31,16 @@ log = logging.getLogger(__name__)
 class _Version:
     state: VersionState
     metadata: ModelMetadata
+    config: model_config_pb2.ModelConfig
+    """The config this version was loaded with (a re-exported config.pbtxt applies to the next load)."""
     batcher: DynamicBatcher | None = None
     pool: ThreadPoolExecutor | None = None
+    problem: str | None = None
 
 
 class EmbeddedBackend:
-    """Serves ``onnxruntime_onnx`` and ``pytorch_libtorch`` models from a repository folder.
+    """Serves ``onnxruntime_onnx`` and ``pytorch_libtorch`` models from a repository folder; other models are
+    reported unavailable with the reason.
 
     ``priority`` is accepted but not used: the batcher serves requests in arrival order.
     """
@@ -64,11 +61,17 @@ class EmbeddedBackend:
         self._adaptive_delay = adaptive_delay
         self._entries: dict[str, repository.ModelEntry] = {}
         self._versions: dict[str, dict[int, _Version]] = {}
+        self._problems: dict[str, str] = {}
 
     async def start(self) -> None:
         self._entries = await asyncio.to_thread(repository.scan, self._root)
         for name, entry in self._entries.items():
             self._versions[name] = {}
+            problem = _model_problem(entry)
+            if problem is not None:
+                self._problems[name] = problem
+                log.error("model '%s' is unavailable: %s", name, problem)
+                continue
             for version in entry.selected:
                 try:
                     await self.load(name, version)
@@ -86,9 +89,26 @@ class EmbeddedBackend:
     def models(self) -> Mapping[str, Mapping[int, VersionState]]:
         return {name: {v: s.state for v, s in versions.items()} for name, versions in self._versions.items()}
 
+    def problem(self, model: str, version: int | None = None) -> str | None:
+        if model in self._problems:
+            return self._problems[model]
+        versions = self._versions.get(model, {})
+        if version is not None:
+            slot = versions.get(version)
+            return None if slot is None else slot.problem
+        failed = [f"version {v}: {s.problem}" for v, s in sorted(versions.items()) if s.problem]
+        if failed and not any(s.state is VersionState.READY for s in versions.values()):
+            return "; ".join(failed)
+        return None
+
     async def load(self, model: str, version: int) -> None:
-        # Versions exported after startup are picked up here (the hot switch loads them by number).
+        # Re-read from disk: versions exported after startup and a re-exported config count.
         entry = await asyncio.to_thread(repository.refresh, self._entries, model, version)
+        problem = _model_problem(entry)
+        if problem is not None:
+            self._problems[model] = problem
+            raise ModelNotReady(f"model '{model}' is unavailable: {problem}")
+        self._problems.pop(model, None)
         versions = self._versions.setdefault(model, {})
         current = versions.get(version)
         if current is not None and current.state is VersionState.READY:
@@ -98,7 +118,7 @@ class EmbeddedBackend:
         config = entry.config
         instances = max((g.count for g in config.instance_group), default=1) or 1
         threads = self._threads or max(1, (os.cpu_count() or 1) // instances)
-        slot = _Version(VersionState.LOADING, entry.metadata((version,)))
+        slot = _Version(VersionState.LOADING, entry.metadata((version,)), config)
         versions[version] = slot
         pool = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"{model}-v{version}")
         try:
@@ -106,6 +126,7 @@ class EmbeddedBackend:
         except Exception as exc:
             pool.shutdown(wait=False)
             slot.state = VersionState.UNAVAILABLE
+            slot.problem = f"loading failed: {exc}"
             raise GatewayError(f"loading model '{model}' version {version} failed: {exc}", 503) from exc
 
         loop = asyncio.get_running_loop()
@@ -120,11 +141,7 @@ class EmbeddedBackend:
         await slot.batcher.start()
         slot.state = VersionState.READY
         log.info(
-            "loaded model '%s' version %d (%d instance(s), %d intra-op threads)",
-            model,
-            version,
-            instances,
-            threads,
+            "loaded model '%s' version %d (%d instance(s), %d intra-op threads)", model, version, instances, threads
         )
 
     async def unload(self, model: str, version: int) -> None:
@@ -141,9 +158,8 @@ class EmbeddedBackend:
         return self._slot(model, version).metadata
 
     async def config(self, model: str, version: int) -> model_config_pb2.ModelConfig:
-        self._slot(model, version)
         config = model_config_pb2.ModelConfig()
-        config.CopyFrom(self._entries[model].config)
+        config.CopyFrom(self._slot(model, version).config)
         return config
 
     async def infer(
@@ -178,29 +194,28 @@ class EmbeddedBackend:
             slot.pool.shutdown(wait=False)
 
     def _build_runner(self, entry: repository.ModelEntry, version: int, threads: int) -> Runner:
-        """Load the artifact and warm it up with the manifest's samples (runs in the version's pool)."""
-        config, folder = entry.config, entry.version_dir(version)
-        manifest = read_manifest(folder)
-        inputs = [t.name for t in config.input]
-        outputs = [t.name for t in config.output]
-        runner: Runner
-        if config.platform == "onnxruntime_onnx":
-            runner = OnnxRunner(folder / manifest.artifact, outputs, intra_op_threads=threads, spinning=self._spinning)
-        elif config.platform == "pytorch_libtorch":
-            torch.set_num_threads(threads)
-            runner = TorchScriptRunner(folder / manifest.artifact, inputs, outputs)
-        else:
-            raise repository.RepositoryError(f"platform {config.platform!r} is not supported by the embedded backend")
-        samples = read_samples(folder, manifest.sample_inputs)
-        warm = {name: np.ascontiguousarray(samples[name], dtype=_dtype(entry, name)) for name in inputs}
-        # Warm the shapes traffic will bring: the samples, one row, and a full batch (arena growth).
-        runner.run(warm)
-        if config.max_batch_size > 0:
-            runner.run({name: value[:1] for name, value in warm.items()})
-            rows = config.max_batch_size
-            full = {n: np.resize(v, (rows, *v.shape[1:])) for n, v in warm.items() if v.shape[0] > 0}
-            if len(full) == len(warm):
-                runner.run(full)
+        """Load the model file and warm it up (runs in the version's pool)."""
+        config = entry.config
+        path = entry.model_path(version)
+        assert path is not None  # _model_problem refuses models without a model file
+        runner = build_runner(
+            entry.platform,
+            path,
+            [t.name for t in config.input],
+            [t.name for t in config.output],
+            threads=threads,
+            spinning=self._spinning,
+        )
+        sources = []
+        for request in warmup_requests(entry.path, version, config):
+            runner.run(request.inputs)
+            sources.append(request.source)
+            # Warm the shapes traffic will bring: one row and a full batch (arena growth).
+            if config.max_batch_size > 0:
+                runner.run({name: value[:1] for name, value in request.inputs.items()})
+                rows = config.max_batch_size
+                runner.run({n: np.resize(v, (rows, *v.shape[1:])) for n, v in request.inputs.items()})
+        log.info("warmed model '%s' version %d with %s", entry.name, version, "; ".join(sources))
         return runner
 
     def _observer(self, model: str, version: int) -> Observer | None:
@@ -220,9 +235,17 @@ class EmbeddedBackend:
         return observe
 
 
-def _dtype(entry: repository.ModelEntry, name: str) -> np.dtype[np.generic]:
-    spec = next(s for s in entry.metadata(()).inputs if s.name == name)
-    return numpy_dtype(spec.datatype, name)
+def _model_problem(entry: repository.ModelEntry) -> str | None:
+    """Why no version of the model can run here, whatever is on disk; ``None`` when it can be tried."""
+    if entry.problem is not None:
+        return entry.problem
+    try:
+        check_supported(entry.platform)
+    except (UnsupportedModel, MissingExtra) as exc:
+        return str(exc)
+    if not entry.available:
+        return f"no version folder under {entry.path} holds {layout.model_filename(entry.config)}"
+    return None
 
 
 def _policy(config: model_config_pb2.ModelConfig, instances: int, adaptive_delay: bool) -> BatchPolicy:

@@ -12,7 +12,7 @@ from starlette.responses import Response
 from services.gateway.dataplane import DataPlane
 from services.gateway.errors import GatewayError, ModelNotFound, PayloadTooLarge
 from services.gateway.rest.codec import HEADER_LENGTH, decode_request, encode_response
-from services.gateway.rest.responses import JSONBytesResponse
+from services.gateway.rest.responses import JSONBytesResponse, error_response
 from services.gateway.types import ModelMetadata
 
 PROTOCOL = "http"
@@ -37,8 +37,10 @@ class Endpoints:
         return JSONBytesResponse(_metadata_json(metadata))
 
     async def model_ready(self, request: Request) -> Response:
-        ready = await self._dataplane.model_ready(*_target(request))
-        return Response(status_code=200 if ready else 503)
+        reason = await self._dataplane.model_readiness(*_target(request))
+        if reason is None:
+            return Response(status_code=200)
+        return error_response(reason, 503)
 
     async def model_config(self, request: Request) -> Response:
         config = await self._dataplane.model_config(*_target(request))

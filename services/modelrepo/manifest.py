@@ -1,6 +1,7 @@
 """The per-version ``manifest.json``: what was exported, how, and how faithfully.
 
-Both backends read it (warmup samples, expected outputs), so its layout is a contract:
+The exporter writes it; the gateway reads it when present (warm-up samples, expected outputs) and serves
+versions without one too. Its layout is a contract:
 ``<repository>/<model>/<version>/manifest.json`` next to ``model.onnx`` / ``model.pt`` and the
 ``samples/`` folder holding ``inputs.npz`` and ``outputs.npz`` (arrays keyed by tensor name,
 batch dimension first; ``outputs.npz`` is what eager PyTorch produced for ``inputs.npz``).
@@ -16,10 +17,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-MANIFEST_FILE = "manifest.json"
-SAMPLES_DIR = "samples"
-SAMPLE_INPUTS_FILE = "samples/inputs.npz"
-SAMPLE_OUTPUTS_FILE = "samples/outputs.npz"
+from services.modelrepo.layout import MANIFEST_FILE, SAMPLE_INPUTS_FILE, SAMPLE_OUTPUTS_FILE
+
 FORMAT_VERSION = 1
 
 

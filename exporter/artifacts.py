@@ -1,0 +1,104 @@
+"""Write the model file in the chosen format, then open it in its serving engine (onnxruntime or
+``torch.jit.load``) as the runner the parity check compares against eager PyTorch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from exporter.errors import ParityError
+from exporter.module_io import PreparedModel
+from exporter.parity import Runner, onnx_runner, torchscript_runner
+from exporter.specs import ExportOptions
+from exporter.torch2onnx import DynamicAxes, export_onnx
+from exporter.torch2torchscript import TRACE, export_torchscript
+
+Progress = Callable[[str], None]
+"""Called with each stage name (``STAGES`` in ``exporter.api``) as the export enters it."""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    exporter: str
+    """Which exporter wrote the file (``torch.onnx.dynamo``, ``torch.jit.script``...)."""
+    opset: str
+    """The ONNX opset; empty for TorchScript."""
+    runner: Runner
+    notes: tuple[str, ...]
+    hint: str
+    """What to tell the user if parity fails, when the exporter knows a likely cause."""
+
+
+def write_artifact(
+    prepared: PreparedModel, path: Path, options: ExportOptions, dynamic_axes: DynamicAxes | None, report: Progress
+) -> Artifact:
+    """Export to ``path``; reports the ``check`` stage once the file is written and is being loaded."""
+    if options.format == "onnx":
+        return _onnx(prepared, path, options, dynamic_axes, report)
+    return _torchscript(prepared, path, dynamic_axes, report)
+
+
+def _onnx(
+    prepared: PreparedModel, path: Path, options: ExportOptions, dynamic_axes: DynamicAxes | None, report: Progress
+) -> Artifact:
+    written = export_onnx(prepared, path, options.max_batch_size, dynamic_axes, options.opset)
+    notes = []
+    if written.fallback_reason:
+        notes.append(f"dynamo exporter failed ({written.fallback_reason}); used the "
+                     "TorchScript-based ONNX exporter")
+    report("check")
+    runner = _guarded("onnxruntime", lambda: onnx_runner(path, prepared.input_names), prepared)
+    return Artifact(written.exporter, str(written.opset), runner, tuple(notes), hint="")
+
+
+def _torchscript(
+    prepared: PreparedModel, path: Path, dynamic_axes: DynamicAxes | None, report: Progress
+) -> Artifact:
+    notes = []
+    if dynamic_axes:
+        notes.append("dynamic_axes are implied by TorchScript (every dim is dynamic)")
+    written = export_torchscript(prepared, path)
+    if written.script_error:
+        notes.append(f"torch.jit.script failed ({written.script_error}); traced instead")
+    hint = ""
+    if written.exporter == TRACE:
+        hint = (
+            "The model was traced (scripting failed: " + str(written.script_error) + "), and a "
+            "trace bakes data-dependent control flow (if on values, len(x), loops over shapes) into "
+            "constants" + (f"; the tracer warned: {' | '.join(written.tracer_warnings)}"
+                           if written.tracer_warnings else "")
+            + ". Make forward() scriptable with torch.jit.script, or export with format='onnx'."
+        )
+    report("check")
+    runner = _guarded("torch.jit.load", lambda: torchscript_runner(path), prepared)
+    return Artifact(written.exporter, "", runner, tuple(notes), hint)
+
+
+def _guarded(engine: str, make_runner: Callable[[], Runner], prepared: PreparedModel) -> Runner:
+    """Loading or running the artifact in its serving engine is part of the check: explain failures."""
+
+    def explain(exc: Exception, dtypes: set[str]) -> ParityError:
+        low_precision = bool(dtypes & {"float16", "bfloat16"})
+        return ParityError(
+            f"{engine} could not run the exported model: {type(exc).__name__}: {str(exc).strip()[:400]}. "
+            + ("fp16/bf16 kernels are missing for some operators on CPU: export in fp32 (model.float()) "
+               "for CPU serving, or export and verify on a GPU machine." if low_precision else
+               "The artifact is not servable as written; check the operators named above.")
+        )
+
+    try:
+        runner = make_runner()
+    except Exception as exc:
+        raise explain(exc, {str(p.dtype).removeprefix("torch.") for p in prepared.flat.parameters()}) from exc
+
+    def run(inputs: tuple[torch.Tensor, ...]) -> list[Any]:
+        try:
+            return runner(inputs)
+        except Exception as exc:
+            raise explain(exc, {str(t.dtype).removeprefix("torch.") for t in inputs}) from exc
+
+    return run

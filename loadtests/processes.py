@@ -1,0 +1,83 @@
+"""The servers under test as child processes: free ports, the gateway's command line, start, wait until
+ready (over HTTP or gRPC), and stop."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+from workload import ROOT
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def gateway_command(repository: Path, http_port: int, grpc_port: int, *options: str) -> list[str]:
+    """``switchyard serve`` on the given ports; ``options`` go before the repository (e.g. the backend)."""
+    return [
+        sys.executable,
+        "-c",
+        "from services.cli import main; main()",
+        "serve",
+        *options,
+        "--repository",
+        str(repository),
+        "--port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+    ]
+
+
+@contextmanager
+def _spawned(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The process, run from the checkout with its output in ``log``; terminated (then killed) on exit."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextmanager
+def process(args: list[str], ready_url: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A process serving HTTP, once ``ready_url`` answers 200."""
+    with _spawned(args, log) as proc:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{args[:3]} exited early; see {log}")
+            try:
+                with urllib.request.urlopen(ready_url, timeout=1) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{ready_url} not ready after 180 s; see {log}")
+            time.sleep(0.2)
+        yield proc
+
+
+@contextmanager
+def grpc_process(args: list[str], target: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A process serving gRPC, once its port accepts a channel."""
+    with _spawned(args, log) as proc:
+        with grpc.insecure_channel(target) as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+        yield proc

@@ -1,0 +1,74 @@
+"""Triton's and gRPC's errors become gateway errors here and only here; the circuit breaker learns from them."""
+
+from __future__ import annotations
+
+import logging
+
+from services.gateway.backends.circuit import CircuitBreaker
+from services.gateway.errors import (
+    BackendUnavailable,
+    DeadlineExceeded,
+    GatewayError,
+    InferenceFailed,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    Overloaded,
+)
+from services.modelrepo.control import ModelControlError
+
+log = logging.getLogger(__name__)
+
+
+class TritonErrors:
+    def __init__(self, breaker: CircuitBreaker, url: str) -> None:
+        self.breaker = breaker
+        self.url = url
+
+    def infer_error(self, code: str, message: str, model: str, version: int, timeout_s: float | None) -> GatewayError:
+        """``code`` is the gRPC status name (``UNAVAILABLE``), ``message`` what Triton or gRPC said."""
+        target = f"model '{model}' version {version}"
+        if code == "DEADLINE_EXCEEDED" or "timeout expired" in message.lower():
+            self.breaker.release()
+            budget = "its deadline" if timeout_s is None else f"its {timeout_s * 1e3:.1f} ms deadline"
+            return DeadlineExceeded(f"request to {target} did not finish within {budget}")
+        if code == "UNAVAILABLE" and not is_model_state(message):
+            if "queue size" in message:
+                self.breaker.record_success()
+                return Overloaded(f"Triton's queue for {target} is full")
+            self.breaker.record_failure()
+            return self.unavailable(f"Triton at {self.url} is unavailable: {message}")
+        self.breaker.record_success()  # Triton answered: it is up
+        if code == "NOT_FOUND" or "is not found" in message or "unknown model" in message:
+            return ModelNotFound(f"Triton does not serve {target}")
+        if is_model_state(message):
+            return ModelNotReady(f"{target} is not ready in Triton")
+        if code == "INVALID_ARGUMENT":
+            return InvalidInput(f"Triton rejected the request to {target}: {message}")
+        if code == "RESOURCE_EXHAUSTED":
+            return Overloaded(f"Triton refused the request to {target}: {message}")
+        if code == "CANCELLED":
+            return BackendUnavailable(f"Triton cancelled the request to {target}")
+        return InferenceFailed(f"{target} failed in Triton: {message}")
+
+    def control_error(self, exc: ModelControlError) -> GatewayError:
+        """Model control answers go to operators (startup log, admin calls): they carry Triton's words."""
+        if exc.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "NOT_SETTLED"):
+            return self.unavailable(f"{exc} (Triton at {self.url})", public=True)
+        if exc.code == "NOT_FOUND":
+            return ModelNotFound(str(exc))
+        return GatewayError(f"{exc}", 503)
+
+    def unavailable(self, detail: str, *, public: bool = False) -> BackendUnavailable:
+        """503 with ``Retry-After``. Inference clients learn that the model server is down, not where it runs
+        or what gRPC said (``detail`` goes to the debug log); admin calls (``public``) get the detail."""
+        retry = self.breaker.retry_after_s()
+        if not public:
+            log.debug("Triton unavailable: %s", detail)
+        error = BackendUnavailable(detail if public else f"the model server is unavailable; retry in {retry} s")
+        error.retry_after_s = retry
+        return error
+
+
+def is_model_state(message: str) -> bool:
+    return "not at ready state" in message or "is not ready" in message

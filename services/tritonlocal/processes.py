@@ -1,0 +1,64 @@
+"""Process hygiene for local Triton servers: free ports, and no server or python stub left running when the
+launcher exits or a server dies."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+from services.tritonlocal.errors import TritonStartError
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A port the kernel considers free now (it may be taken again before it is bound; fine for tests)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def check_ports_free(ports: dict[str, int]) -> None:
+    """Another server on our port would answer the readiness polls in our place: refuse to start then."""
+    for kind, port in ports.items():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers of a crash are fine
+            try:
+                sock.bind((HOST, port))
+            except OSError as exc:
+                message = f"{kind} port {port} on {HOST} is in use ({exc.strerror}); pick another"
+                raise TritonStartError(message) from None
+
+
+def digest(path: Path) -> str:
+    """A short stable name for a repository path (its derived copy's folder)."""
+    return hashlib.sha1(str(path).encode()).hexdigest()[:10]
+
+
+# Servers still running when the interpreter exits (a failed test, an exception in a script) are killed,
+# never orphaned.
+live: set[subprocess.Popen[bytes]] = set()
+
+
+def reap_group(process: subprocess.Popen[bytes]) -> None:
+    """Kill what is left of an exited server's process group (it leads its own session, so the group id
+    is its pid): python-backend stubs orphaned by a SIGKILLed server do not always exit by themselves."""
+    if process.poll() is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for process in list(live):
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        reap_group(process)

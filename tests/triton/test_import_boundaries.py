@@ -1,0 +1,20 @@
+"""A gateway in front of Triton never imports torch, onnx, onnxscript or the exporter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.tritonlocal import LocalTriton
+from tests.import_probe import probe
+
+
+def test_triton_gateway_imports_no_build_time_module_when_serving_onnx_models(
+    triton: LocalTriton, repository: Path
+) -> None:
+    result = probe(str(repository), "triton", triton.grpc_url)
+    assert result["answered"] == {"classifier": 200, "mlp": 200}
+    # The local CPU Triton's twin configs come from services.tritonlocal.derive, handed in as `serve
+    # --triton-local-cpu` does; a production Triton needs nothing from that package.
+    imported = result["imported"]
+    assert isinstance(imported, list)
+    assert [m for m in imported if not m.startswith("services.tritonlocal")] == []
