@@ -1,4 +1,5 @@
-"""App factory: the FastAPI app whose lifespan starts the backend and the gRPC server on the same loop."""
+"""App factory: the FastAPI app whose lifespan starts the version manager (and through it the backend) and the
+gRPC server on the same loop."""
 
 from __future__ import annotations
 
@@ -6,19 +7,26 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from services.extras import runtime_conflict
+from services.gateway.admin import AdminAuth, AdminEndpoints, add_admin_routes
 from services.gateway.backends.base import Backend
 from services.gateway.backends.embedded import EmbeddedBackend
 from services.gateway.backends.triton import ConfigTransform, TritonBackend, identity
 from services.gateway.dataplane import SERVER_VERSION, DataPlane
 from services.gateway.grpc_api import start_server
+from services.gateway.leases import Leases
+from services.gateway.manager import VersionManager
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.repository import Catalog, RepositoryError
 from services.gateway.rest import Endpoints, add_routes
+from services.gateway.routing import Router
 from services.gateway.settings import Settings
+from services.gateway.state import FileStateStore, default_state_path
 
 log = logging.getLogger(__name__)
 
@@ -28,20 +36,39 @@ class BackendNotImplemented(Exception):
 
 
 def build_backend(
-    settings: Settings, metrics: GatewayMetrics, config_transform: ConfigTransform | None = None
+    settings: Settings, catalog: Catalog, metrics: GatewayMetrics, config_transform: ConfigTransform | None = None
 ) -> Backend:
     """``config_transform`` maps each model config to what the Triton server should load; the local CPU Triton
     launcher hands in its python-backend twin transform, a production Triton loads the configs as they are."""
     if settings.backend == "triton":
         transform = config_transform or identity
-        return TritonBackend(settings.repository, settings, transform=transform, metrics=metrics)
+        return TritonBackend(catalog, settings, transform=transform, metrics=metrics)
     return EmbeddedBackend(
-        settings.repository,
+        catalog,
         metrics=metrics,
         intra_op_threads=settings.intra_op_threads,
         spinning=settings.intra_op_spinning,
         adaptive_delay=settings.batch_adaptive_delay,
     )
+
+
+def state_path(settings: Settings) -> Path:
+    """Where the routing state lives; never inside the repository (Triton takes every folder there for a model)."""
+    path = settings.state_path or default_state_path(settings.repository)
+    if path.resolve().is_relative_to(settings.repository.resolve()):
+        raise RepositoryError(f"the state file {path} lies inside the model repository; put it elsewhere")
+    return path
+
+
+async def preflight(settings: Settings) -> None:
+    """What would stop the lifespan, checked before the server starts so that it fails with one clear line
+    (``RepositoryError`` / ``StateError``) rather than a traceback: the state file's place, lock and content."""
+    store = FileStateStore(state_path(settings))
+    await store.open()
+    try:
+        await store.load_routing()
+    finally:
+        await store.close()
 
 
 def create_app(
@@ -51,19 +78,23 @@ def create_app(
     registry: CollectorRegistry | None = None,
     config_transform: ConfigTransform | None = None,
 ) -> FastAPI:
-    """``app.state.dataplane`` is the core; ``app.state.grpc_port`` is the bound gRPC port once started."""
+    """``app.state.dataplane`` is the core, ``app.state.manager`` the version manager; ``app.state.grpc_port`` is
+    the bound gRPC port once started. ``backend`` replaces the one ``settings`` name (tests)."""
     metrics = GatewayMetrics(registry if registry is not None else CollectorRegistry())
+    catalog = Catalog(settings.repository)
     if backend is None:
-        backend = build_backend(settings, metrics, config_transform)
-    dataplane = DataPlane(backend, metrics)
+        backend = build_backend(settings, catalog, metrics, config_transform)
+    router, leases = Router(catalog, backend), Leases(metrics)
+    store = FileStateStore(state_path(settings))
+    manager = VersionManager(settings, catalog, backend, router, leases, store, metrics)
+    dataplane = DataPlane(catalog, backend, router, leases, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         conflict = runtime_conflict()
         if conflict is not None:
             log.error("%s", conflict)
-        await dataplane.backend.start()
-        dataplane.refresh_active_versions()
+        await manager.start()
         grpc_server = None
         if settings.grpc_port is not None:
             grpc_server, app.state.grpc_port = await start_server(
@@ -78,10 +109,13 @@ def create_app(
         finally:
             if grpc_server is not None:
                 await grpc_server.stop(settings.grpc_shutdown_grace_s)
-            await dataplane.backend.close()
+            await manager.close()
+            await backend.close()
 
     app = FastAPI(title="Switchyard gateway", version=SERVER_VERSION, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.dataplane = dataplane
+    app.state.manager = manager
     app.state.grpc_port = None
     add_routes(app, Endpoints(dataplane, max_body_bytes=settings.max_body_bytes))
+    add_admin_routes(app, AdminEndpoints(manager, AdminAuth(settings.admin_token), settings))
     return app

@@ -111,8 +111,7 @@ class DynamicBatcher:
         assert self._forming is not None
         while True:
             async with self._forming:
-                batch = await self._collect()
-            self._busy += 1
+                batch = await self._collect()  # counted busy from its first request on: drain waits for it
             try:
                 await self._run(batch)
             finally:
@@ -138,13 +137,30 @@ class DynamicBatcher:
         return None
 
     async def _collect(self) -> list[_Item]:
+        """Wait for a first request, then gather more until the batch is full or its delay has passed. From the
+        first request on the worker counts as busy, and a close() that cancels it answers what it holds."""
         assert self._wakeup is not None
         item = self._take()
         while item is None:
             self._wakeup.clear()
             await self._wakeup.wait()
             item = self._take()
-        batch, rows = [item], item.rows
+        self._busy += 1
+        batch = [item]
+        try:
+            await self._gather(batch)
+        except asyncio.CancelledError:
+            for held in batch:
+                if not held.future.done():
+                    held.future.set_exception(GatewayError("model version was unloaded", 503))
+            self._busy -= 1
+            raise
+        return batch
+
+    async def _gather(self, batch: list[_Item]) -> None:
+        assert self._wakeup is not None
+        item = batch[0]
+        rows = item.rows
         delay = self._policy.max_queue_delay_s
         if self._policy.adaptive_delay and self._recent_rows < rows + 0.5:
             delay = 0.0
@@ -169,7 +185,6 @@ class DynamicBatcher:
                     await self._wakeup.wait()
             except TimeoutError:
                 break
-        return batch
 
     async def _run(self, batch: list[_Item]) -> None:
         started = time.monotonic()

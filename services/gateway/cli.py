@@ -11,6 +11,7 @@ from services.gateway.app import BackendNotImplemented
 from services.gateway.backends.triton import ConfigTransform
 from services.gateway.repository import RepositoryError
 from services.gateway.settings import Settings
+from services.gateway.state import StateError
 
 
 def register(app: typer.Typer) -> None:
@@ -65,6 +66,6 @@ def serve(
         transform = derive_config
     try:
         run_server(settings, transform)
-    except (BackendNotImplemented, RepositoryError) as exc:
+    except (BackendNotImplemented, RepositoryError, StateError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -1,6 +1,7 @@
 """The gateway's core: readiness, metadata and inference over a ``Backend``, shared by REST and gRPC.
 
-It knows nothing of HTTP or gRPC; front ends translate to and from its types and ``GatewayError``s.
+It knows nothing of HTTP or gRPC; front ends translate to and from its types and ``GatewayError``s. Every
+request is routed (``Router``) and holds a lease on its version (``Leases``) until its answer is ready.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import time
 from tritonclient.grpc import model_config_pb2
 
 from services.gateway.backends.base import Backend
-from services.gateway.errors import DeadlineExceeded, GatewayError, ModelNotFound, ModelNotReady
+from services.gateway.errors import DeadlineExceeded, GatewayError, ModelNotReady
+from services.gateway.leases import Leases
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.repository import Catalog
+from services.gateway.routing import Router
 from services.gateway.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
 from services.gateway.validation import validate
 
@@ -25,8 +29,13 @@ EXTENSIONS = ("binary_tensor_data", "model_configuration")
 
 
 class DataPlane:
-    def __init__(self, backend: Backend, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, catalog: Catalog, backend: Backend, router: Router, leases: Leases, metrics: GatewayMetrics
+    ) -> None:
+        self.catalog = catalog
         self.backend = backend
+        self.router = router
+        self.leases = leases
         self.metrics = metrics
 
     async def live(self) -> bool:
@@ -35,46 +44,20 @@ class DataPlane:
         return True
 
     async def ready(self) -> bool:
-        """Ready when the backend is live and every model has settled: it has a ready version, or it failed for
-        a reason waiting will not fix (logged, and told on ``/v2/models/{m}/ready``). One broken model must not
-        keep a multi-model gateway out of its load balancer; a model still loading does."""
+        """Ready when the backend is live and every model has settled: its stable version serves, or it failed
+        for a reason waiting will not fix (logged, and told on ``/v2/models/{m}/ready``). One broken model must
+        not keep a multi-model gateway out of its load balancer; a model still loading does."""
         if not await self.backend.live():
             return False
-        return all(
-            VersionState.READY in versions.values() or self.backend.problem(model) is not None
-            for model, versions in self.backend.models().items()
-        )
+        router = self.router
+        return all(router.ready(model) or router.problem(model) is not None for model in self.catalog.entries)
 
     def server_metadata(self) -> dict[str, object]:
         return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
 
     def resolve(self, model: str, version: int | None) -> int:
         """The version a request is served by; 404 when unknown, 503 when it exists but is not ready."""
-        versions = self.backend.models().get(model)
-        if versions is None:
-            raise ModelNotFound(f"unknown model '{model}'")
-        if version is None:
-            ready = [v for v, state in versions.items() if state is VersionState.READY]
-            if not ready:
-                problem = self.backend.problem(model)
-                raise ModelNotReady(f"model '{model}' is unavailable: {problem}" if problem else
-                                    f"model '{model}' has no ready version")
-            return max(ready)
-        state = versions.get(version)
-        if state is None:
-            loaded = ", ".join(str(v) for v in sorted(versions)) or "none"
-            raise ModelNotFound(f"model '{model}' has no version {version} loaded (loaded: {loaded})")
-        if state is not VersionState.READY:
-            problem = self.backend.problem(model, version)
-            detail = f"{state.value.lower()}: {problem}" if problem else state.value.lower()
-            raise ModelNotReady(f"model '{model}' version {version} is not ready ({detail})")
-        return version
-
-    def refresh_active_versions(self) -> None:
-        for model, versions in self.backend.models().items():
-            ready = [v for v, state in versions.items() if state is VersionState.READY]
-            if ready:
-                self.metrics.active_version.labels(model).set(max(ready))
+        return self.router.route(model, version)
 
     async def model_ready(self, model: str, version: int | None) -> bool:
         return await self.model_readiness(model, version) is None
@@ -92,7 +75,7 @@ class DataPlane:
     async def model_metadata(self, model: str, version: int | None) -> ModelMetadata:
         metadata = await self.backend.metadata(model, self.resolve(model, version))
         if version is None:  # like Triton: the unversioned answer lists every ready version
-            versions = self.backend.models()[model]
+            versions = self.backend.models().get(model, {})
             ready = tuple(sorted(v for v, s in versions.items() if s is VersionState.READY))
             metadata = dataclasses.replace(metadata, versions=ready)
         return metadata
@@ -102,26 +85,28 @@ class DataPlane:
 
     async def infer(self, request: InferRequest, *, protocol: str) -> InferResponse:
         started = time.perf_counter()
+        model = request.model
         version_label = "" if request.version is None else str(request.version)
         try:
-            version = self.resolve(request.model, request.version)
+            version = self.router.route(model, request.version)
             version_label = str(version)
-            validate(request, await self.backend.metadata(request.model, version))
-            series = self.metrics.served(request.model, version_label, protocol)
-            series.inflight.inc()
+            # Admitted: from here until the answer is ready the version cannot be drained away.
+            self.leases.acquire(model, version)
             try:
+                validate(request, await self.backend.metadata(model, version))
                 response = await self._call(request, version, started)
             finally:
-                series.inflight.dec()
+                self.leases.release(model, version)
             response.outputs = self._select(request, response)
         except GatewayError as exc:
-            self.record_error(request.model, version_label, protocol, exc)
+            self.record_error(model, version_label, protocol, exc)
             raise
         except Exception as exc:  # a bug, not the client's fault: log it, leak nothing
-            log.exception("unexpected error serving model '%s'", request.model)
+            log.exception("unexpected error serving model '%s'", model)
             error = GatewayError("internal server error", 500)
-            self.record_error(request.model, version_label, protocol, error)
+            self.record_error(model, version_label, protocol, error)
             raise error from exc
+        series = self.metrics.served(model, version_label, protocol)
         series.ok.inc()
         series.duration.observe(time.perf_counter() - started)
         return response

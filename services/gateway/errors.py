@@ -33,6 +33,20 @@ class PayloadTooLarge(GatewayError):
     reason = "too_large"
 
 
+class Unauthorized(GatewayError):
+    status = 401
+
+
+class Forbidden(GatewayError):
+    status = 403
+
+
+class Conflict(GatewayError):
+    """The request contradicts the current state (a swap in progress, unloading the stable version)."""
+
+    status = 409
+
+
 class RateLimited(GatewayError):
     status = 429
     reason = "rate_limit"
@@ -61,3 +75,11 @@ class Overloaded(GatewayError):
 class DeadlineExceeded(GatewayError):
     status = 504
     reason = "deadline"
+
+
+class SwapFailed(GatewayError):
+    """A version action that stopped at ``step``; everything it did before was undone, the routing is unchanged."""
+
+    def __init__(self, message: str, step: str, status: int) -> None:
+        super().__init__(message, status)
+        self.step = step

@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+SWAP_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -17,7 +18,6 @@ class ServedSeries:
 
     ok: Any
     duration: Any
-    inflight: Any
 
 
 class GatewayMetrics:
@@ -54,7 +54,7 @@ class GatewayMetrics:
         )
         self.inflight = Gauge(
             "switchyard_inflight_requests",
-            "Requests currently being served.",
+            "Requests being served, by the version they hold a lease on (a swap drains these before unloading).",
             ["model", "version"],
             registry=registry,
         )
@@ -79,8 +79,15 @@ class GatewayMetrics:
         )
         self.version_switches = Counter(
             "switchyard_version_switches_total",
-            "Hot version switches by result.",
+            "Hot version switches (activate, rollback) by result: ok, failed, unchanged.",
             ["model", "result"],
+            registry=registry,
+        )
+        self.swap_step = Histogram(
+            "switchyard_swap_step_seconds",
+            "Duration of each step of a version action (load, warmup, compare, flip, drain, unload).",
+            ["model", "step"],
+            buckets=SWAP_BUCKETS,
             registry=registry,
         )
 
@@ -92,7 +99,6 @@ class GatewayMetrics:
             series = self._served[key] = ServedSeries(
                 ok=self.requests.labels(model, version, protocol, "200"),
                 duration=self.request_duration.labels(model, version),
-                inflight=self.inflight.labels(model, version),
             )
         return series
 

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
@@ -81,19 +82,64 @@ def scan(repository: Path) -> dict[str, ModelEntry]:
     return {model_dir.name: read_entry(model_dir) for model_dir in layout.model_dirs(repository)}
 
 
-def find(entries: dict[str, ModelEntry], model: str) -> ModelEntry:
+def find(entries: Mapping[str, ModelEntry], model: str) -> ModelEntry:
     try:
         return entries[model]
     except KeyError:
         raise ModelNotFound(f"unknown model '{model}'") from None
 
 
-def refresh(entries: dict[str, ModelEntry], model: str, version: int) -> ModelEntry:
-    """Re-read ``model``'s config and versions from disk (a version exported after startup counts) and return
-    its updated entry; ``ModelNotFound`` if ``version`` is not among them. Blocking: call off the loop."""
-    entry = find(entries, model)
-    fresh = read_entry(entry.path) if entry.path.is_dir() else replace(entry, available=())
-    entries[model] = fresh
-    if version not in fresh.available:
-        raise ModelNotFound(f"model '{model}' has no version {version} in the repository")
-    return fresh
+@dataclass(frozen=True)
+class ScanResult:
+    new_models: tuple[str, ...] = ()
+    new_versions: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Versions that appeared on disk for models already known, by model."""
+    missing_models: tuple[str, ...] = ()
+    """Known models whose folder is gone; their entries are kept (loaded versions keep serving)."""
+
+
+class Catalog:
+    """The gateway's one view of the repository on disk, shared by the backend and the version manager.
+
+    Its methods read files: call them off the event loop (``asyncio.to_thread``). Each replaces whole entries,
+    so readers on the loop always see a consistent entry.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._entries: dict[str, ModelEntry] = {}
+
+    @property
+    def entries(self) -> Mapping[str, ModelEntry]:
+        return self._entries
+
+    def entry(self, model: str) -> ModelEntry:
+        """The model's entry as last read; ``ModelNotFound`` for a model the repository never had."""
+        return find(self._entries, model)
+
+    def scan(self) -> ScanResult:
+        """Re-read every model folder; report what appeared and what disappeared since the last scan."""
+        fresh = scan(self.root)
+        known = self._entries
+        new_models = tuple(sorted(set(fresh) - set(known)))
+        new_versions = {
+            name: tuple(sorted(set(entry.available) - set(known[name].available)))
+            for name, entry in fresh.items()
+            if name in known and set(entry.available) - set(known[name].available)
+        }
+        missing = tuple(sorted(set(known) - set(fresh)))
+        merged = dict(fresh)
+        for name in missing:
+            merged[name] = replace(known[name], available=())
+        self._entries = merged
+        return ScanResult(new_models, new_versions, missing)
+
+    def refresh(self, model: str, version: int) -> ModelEntry:
+        """Re-read ``model``'s config and versions (a version exported after startup, a re-exported config) and
+        return its entry; ``ModelNotFound`` if ``version`` is not on disk."""
+        entry = self.entry(model)
+        fresh = read_entry(entry.path) if entry.path.is_dir() else replace(entry, available=())
+        self._entries = {**self._entries, model: fresh}
+        if version not in fresh.available:
+            raise ModelNotFound(f"model '{model}' has no version {version} in the repository")
+        return fresh

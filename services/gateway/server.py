@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import uvicorn
 
-from services.gateway.app import create_app
+from services.gateway.app import create_app, preflight
 from services.gateway.backends.triton import ConfigTransform
 from services.gateway.settings import Settings
 
@@ -25,5 +26,7 @@ def uvicorn_config(settings: Settings, config_transform: ConfigTransform | None 
 
 
 def serve(settings: Settings, config_transform: ConfigTransform | None = None) -> None:
+    """Raises ``RepositoryError`` / ``StateError`` (one line each) when the gateway cannot start."""
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(preflight(settings))
     uvicorn.Server(uvicorn_config(settings, config_transform)).run()

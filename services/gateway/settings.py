@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -35,6 +36,19 @@ class Settings(BaseSettings):
     """Longest wait between two gRPC reconnection attempts while Triton is gone."""
     triton_max_inflight: int = 4096
     """Requests in flight to Triton at most; beyond it requests are refused with 503."""
+    admin_token: SecretStr | None = None
+    """Bearer token of the admin API (``/admin``, ``switchyard models``); unset or empty: the admin API is off."""
+    state_path: Path | None = None
+    """Routing state file (its audit log lies beside it); default: under ``$XDG_STATE_HOME/switchyard``, named
+    after the repository, never inside it. One gateway per file."""
+    repository_poll_s: float = 10.0
+    """Period of the repository rescan (new models load and route; new versions are only listed); 0: off."""
+    drain_timeout_s: float = 30.0
+    """How long a swap or unload waits for the requests in flight on the version it replaces."""
+    max_drain_timeout_s: float = 600.0
+    """Largest ``drain_timeout_s`` an admin call may ask for."""
+    warmup_timeout_s: float = 60.0
+    """How long one warm-up (or comparison) request of a version being loaded may take."""
     host: str = "127.0.0.1"
     """Interface the HTTP and gRPC listeners bind."""
     port: int = 8000

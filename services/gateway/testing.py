@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -51,7 +53,18 @@ def running_gateway(
     settings: Settings, *, config_transform: ConfigTransform | None = None, startup_timeout_s: float = 120.0
 ) -> Iterator[RunningGateway]:
     """Start uvicorn (uvloop + httptools, as ``switchyard serve``) on its own thread and event loop;
-    port 0 in ``settings`` picks free ports. Stops the server on exit."""
+    port 0 in ``settings`` picks free ports. Without a ``state_path`` the routing state lives in a temporary folder
+    removed on exit (a fresh routing each time). Stops the server on exit."""
+    with contextlib.ExitStack() as stack:
+        if settings.state_path is None:
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="switchyard-state-")))
+            settings = settings.model_copy(update={"state_path": folder / "routing.json"})
+        yield from _serve(settings, config_transform, startup_timeout_s)
+
+
+def _serve(
+    settings: Settings, config_transform: ConfigTransform | None, startup_timeout_s: float
+) -> Iterator[RunningGateway]:
     registry = CollectorRegistry()
     app = create_app(settings, registry=registry, config_transform=config_transform)
     config = uvicorn.Config(

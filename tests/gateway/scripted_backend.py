@@ -1,20 +1,46 @@
-"""A scripted in-memory ``Backend`` for unit tests of the dataplane and the front ends."""
+"""A scripted in-memory ``Backend`` for unit tests of the dataplane, the router, the version manager and the
+front ends, and the repository folder it stands for."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from services.gateway.errors import ModelNotFound
+from services.gateway.errors import GatewayError, ModelNotFound
 from services.gateway.types import InferOutput, InferRequest, InferResponse, ModelMetadata, TensorSpec, VersionState
+
+CONFIG = """
+name: "double"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input { name: "x" data_type: TYPE_FP32 dims: [ 4 ] }
+output { name: "y" data_type: TYPE_FP32 dims: [ 4 ] }
+output { name: "z" data_type: TYPE_FP32 dims: [ 4 ] }
+version_policy { specific { versions: [ 1 ] } }
+"""
+
+
+def double_repository(root: Path, versions: Collection[int] = (1, 2)) -> Path:
+    """``double``'s folder as the catalog reads it: the config (its policy serves version 1) and empty model files
+    (the backend is scripted)."""
+    model = root / "double"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.pbtxt").write_text(CONFIG)
+    for version in versions:
+        (model / str(version)).mkdir(exist_ok=True)
+        (model / str(version) / "model.onnx").write_bytes(b"")
+    return root
 
 
 @dataclass
 class ScriptedBackend:
-    """Implements the ``Backend`` protocol for one model, ``double``: y = 2 * x, x FP32 [-1, 4]."""
+    """Implements the ``Backend`` protocol for one model, ``double``: y = 2 * x, z = -x, x FP32 [-1, 4]. Versions
+    load instantly unless listed in ``broken``; ``factor`` changes y per version (2 * x * factor)."""
 
     states: dict[int, VersionState] = field(default_factory=lambda: {1: VersionState.READY})
     delay_s: float = 0.0
@@ -24,8 +50,16 @@ class ScriptedBackend:
     started: bool = False
     problems: dict[int | None, str] = field(default_factory=dict)
     """What ``problem()`` answers, keyed by version (``None``: the model as a whole)."""
+    broken: set[int] = field(default_factory=set)
+    """Versions whose load fails."""
+    wrong_rows: set[int] = field(default_factory=set)
+    """Versions that answer one row too many (a warm-up must catch it)."""
+    factor: dict[int, float] = field(default_factory=dict)
+    load_delay_s: float = 0.0
+    loads: list[int] = field(default_factory=list)
+    unloads: list[int] = field(default_factory=list)
 
-    async def start(self) -> None:
+    async def start(self, initial: Mapping[str, Collection[int]]) -> None:
         self.started = True
 
     async def close(self) -> None:
@@ -37,13 +71,23 @@ class ScriptedBackend:
     def models(self) -> Mapping[str, Mapping[int, VersionState]]:
         return {"double": dict(self.states)}
 
+    def state(self, model: str, version: int) -> VersionState | None:
+        return self.states.get(version) if model == "double" else None
+
     def problem(self, model: str, version: int | None = None) -> str | None:
         return self.problems.get(version)
 
     async def load(self, model: str, version: int) -> None:
+        self.loads.append(version)
+        self.states[version] = VersionState.LOADING
+        await asyncio.sleep(self.load_delay_s)
+        if version in self.broken:
+            self.states[version] = VersionState.UNAVAILABLE
+            raise GatewayError(f"loading model 'double' version {version} failed: not a model", 503)
         self.states[version] = VersionState.READY
 
     async def unload(self, model: str, version: int) -> None:
+        self.unloads.append(version)
         self.states.pop(version, None)
 
     async def ready(self, model: str, version: int) -> bool:
@@ -62,7 +106,7 @@ class ScriptedBackend:
         )
 
     async def config(self, model: str, version: int) -> model_config_pb2.ModelConfig:
-        return model_config_pb2.ModelConfig(name="double", max_batch_size=8)
+        return text_format.Parse(CONFIG, model_config_pb2.ModelConfig())
 
     async def infer(
         self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
@@ -73,6 +117,7 @@ class ScriptedBackend:
         if self.failure is not None:
             raise self.failure
         x = request.inputs[0].data
-        return InferResponse(
-            "double", version, [InferOutput("y", "FP32", x * 2), InferOutput("z", "FP32", -x)], request.id
-        )
+        if version in self.wrong_rows:
+            x = x.repeat(2, axis=0)
+        y = x * 2 * self.factor.get(version, 1.0)
+        return InferResponse("double", version, [InferOutput("y", "FP32", y), InferOutput("z", "FP32", -x)], request.id)

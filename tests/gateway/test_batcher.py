@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from services.gateway.batcher import BatchPolicy, DynamicBatcher
-from services.gateway.errors import DeadlineExceeded, InferenceFailed, Overloaded
+from services.gateway.errors import DeadlineExceeded, GatewayError, InferenceFailed, Overloaded
 from services.gateway.types import Array
 
 
@@ -187,3 +187,27 @@ async def test_batcher_always_waits_queue_delay_when_adaptive_delay_off() -> Non
         await batcher.submit(rows(1, i))
         assert loop.time() - began >= 0.015
     await batcher.close()
+
+
+async def test_batcher_drain_waits_for_a_batch_being_formed_when_the_worker_holds_requests() -> None:
+    """A worker that has taken requests off the queue and waits for company still owes them an answer: drain
+    must wait for it, and close() after drain must not cancel it with the requests unanswered."""
+    execute = Recorder()
+    batcher = await started(execute, max_batch_size=8, max_queue_delay_s=0.2, adaptive_delay=False)
+    pending = asyncio.create_task(batcher.submit(rows(1, 0.0)))
+    await asyncio.sleep(0.02)  # the worker took the request and now waits for the delay to pass
+    await asyncio.wait_for(batcher.drain(), timeout=2.0)
+    assert pending.done(), "drain returned while a worker still held a request"
+    await batcher.close()
+    np.testing.assert_array_equal((await pending)["y"], rows(1, 0.0)["x"] * 2)
+
+
+async def test_batcher_close_answers_requests_held_by_a_forming_batch_when_closed_without_drain() -> None:
+    execute = Recorder()
+    batcher = await started(execute, max_batch_size=8, max_queue_delay_s=5.0, adaptive_delay=False)
+    pending = asyncio.create_task(batcher.submit(rows(1, 0.0)))
+    await asyncio.sleep(0.02)
+    await batcher.close()
+    with pytest.raises(GatewayError, match="unloaded") as caught:
+        await asyncio.wait_for(pending, timeout=2.0)
+    assert caught.value.status == 503

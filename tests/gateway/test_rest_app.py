@@ -5,21 +5,19 @@ from __future__ import annotations
 import json
 
 import httpx
+from asgi_lifespan import LifespanManager
 from prometheus_client import CollectorRegistry
 from scripted_backend import ScriptedBackend
 
+from services.gateway import Settings, create_app
 from services.gateway.errors import InferenceFailed, Overloaded
 from services.gateway.types import VersionState
 
 X = {"name": "x", "shape": [2, 4], "datatype": "FP32", "data": [1, 2, 3, 4, 5, 6, 7, 8]}
 
 
-async def test_lifespan_starts_and_closes_backend_when_app_runs(backend: ScriptedBackend) -> None:
-    from asgi_lifespan import LifespanManager
-
-    from services.gateway import Settings, create_app
-
-    app = create_app(Settings(grpc_port=None), backend=backend, registry=CollectorRegistry())
+async def test_lifespan_starts_and_closes_backend_when_app_runs(backend: ScriptedBackend, settings: Settings) -> None:
+    app = create_app(settings, backend=backend, registry=CollectorRegistry())
     async with LifespanManager(app):
         assert backend.started
     assert not backend.started
@@ -54,12 +52,15 @@ async def test_infer_mixes_binary_and_json_outputs_when_requested_per_output(cli
     assert response.content[length:] == (-__import__("numpy").arange(1, 9, dtype="float32")).tobytes()
 
 
-async def test_infer_routes_to_highest_ready_version_when_unversioned(
+async def test_infer_routes_to_the_stable_version_when_unversioned(
     client: httpx.AsyncClient, backend: ScriptedBackend
 ) -> None:
+    # Loading a version is not activating it: unversioned requests stay on the stable one (version 1 here).
     backend.states.update({2: VersionState.READY, 3: VersionState.LOADING})
     response = await client.post("/v2/models/double/infer", json={"inputs": [X]})
-    assert response.json()["model_version"] == "2"
+    assert response.json()["model_version"] == "1"
+    pinned = await client.post("/v2/models/double/versions/2/infer", json={"inputs": [X]})
+    assert pinned.json()["model_version"] == "2"
     metadata = (await client.get("/v2/models/double")).json()
     assert metadata["versions"] == ["1", "2"]
 
@@ -71,7 +72,7 @@ async def test_infer_answers_503_when_version_not_ready(client: httpx.AsyncClien
     assert response.json() == {"error": "model 'double' version 1 is not ready (loading)"}
     unversioned = await client.post("/v2/models/double/infer", json={"inputs": [X]})
     assert unversioned.status_code == 503
-    assert unversioned.json() == {"error": "model 'double' has no ready version"}
+    assert unversioned.json() == {"error": "model 'double' version 1 is not ready (loading)"}
     assert (await client.get("/v2/models/double/ready")).status_code == 503
     assert (await client.get("/v2/health/ready")).status_code == 503
 
@@ -126,7 +127,8 @@ async def test_server_endpoints_answer_when_backend_live(client: httpx.AsyncClie
     assert (await client.get("/v2/health/live")).status_code == 200
     assert (await client.get("/v2/health/ready")).status_code == 200
     assert (await client.get("/v2")).json()["extensions"] == ["binary_tensor_data", "model_configuration"]
-    assert (await client.get("/v2/models/double/versions/1/config")).json() == {"name": "double", "max_batch_size": 8}
+    config = (await client.get("/v2/models/double/versions/1/config")).json()
+    assert (config["name"], config["max_batch_size"]) == ("double", 8)
     metadata = (await client.get("/v2/models/double/versions/1")).json()
     assert metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
     assert "switchyard_active_version" in (await client.get("/metrics")).text

@@ -12,6 +12,7 @@ import pytest
 from examples import models
 from services.gateway.backends.embedded import EmbeddedBackend
 from services.gateway.errors import GatewayError, ModelNotFound
+from services.gateway.repository import Catalog
 from services.gateway.types import InferInput, InferRequest, VersionState
 
 
@@ -20,14 +21,22 @@ def _mlp_only(repository: Path, target: Path) -> Path:
     return target
 
 
+async def started(root: Path) -> EmbeddedBackend:
+    """The backend on its own, loading what the version policies select (the version manager's startup)."""
+    catalog = Catalog(root)
+    catalog.scan()
+    backend = EmbeddedBackend(catalog)
+    await backend.start({name: entry.selected for name, entry in catalog.entries.items()})
+    return backend
+
+
 def _request(version: int | None = None) -> InferRequest:
     features = models.mlp_inputs(2, seed=1).numpy()
     return InferRequest("mlp", version, [InferInput("features", "FP32", features.shape, features)])
 
 
 async def test_embedded_backend_unloads_and_reloads_version_when_asked(repository: Path, tmp_path: Path) -> None:
-    backend = EmbeddedBackend(_mlp_only(repository, tmp_path))
-    await backend.start()
+    backend = await started(_mlp_only(repository, tmp_path))
     try:
         assert backend.models() == {"mlp": {1: VersionState.READY, 2: VersionState.READY}}
         pending = asyncio.create_task(backend.infer(_request(), version=1, timeout_s=None, priority=0))
@@ -51,8 +60,7 @@ async def test_embedded_backend_keeps_other_versions_serving_when_one_fails_to_l
 ) -> None:
     root = _mlp_only(repository, tmp_path)
     (root / "mlp" / "2" / "model.onnx").write_bytes(b"not an onnx graph")
-    backend = EmbeddedBackend(root)
-    await backend.start()
+    backend = await started(root)
     try:
         assert backend.models() == {"mlp": {1: VersionState.READY, 2: VersionState.UNAVAILABLE}}
         with pytest.raises(GatewayError, match="loading model 'mlp' version 2 failed") as caught:

@@ -10,6 +10,8 @@ from pathlib import Path
 import tritonclient.grpc as grpcclient
 
 from services.gateway import Settings
+from services.gateway.backends.triton import ConfigTransform, TritonBackend
+from services.gateway.repository import Catalog
 from services.gateway.testing import RunningGateway, running_gateway
 from services.tritonlocal import LocalTriton, TritonInstall, derive_config
 
@@ -59,3 +61,14 @@ def local_gateway(settings: Settings) -> Iterator[RunningGateway]:
     """The gateway on real ports, loading each model's python-backend twin as ``--triton-local-cpu`` does."""
     with running_gateway(settings, config_transform=derive_config) as running:
         yield running
+
+
+async def started_backend(
+    repository: Path, settings: Settings, *, transform: ConfigTransform = derive_config
+) -> TritonBackend:
+    """The Triton backend on its own, loading what the version policies select (the version manager's startup)."""
+    catalog = Catalog(repository)
+    catalog.scan()
+    backend = TritonBackend(catalog, settings, transform=transform)
+    await backend.start({name: entry.selected for name, entry in catalog.entries.items() if entry.available})
+    return backend

@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 
 from services.gateway import Settings
-from services.gateway.backends.triton import TritonBackend
 from services.gateway.errors import BackendUnavailable, ModelNotFound, ModelNotReady
 from services.gateway.testing import Reference
 from services.gateway.types import InferInput, InferRequest, VersionState
-from services.tritonlocal import TritonInstall, derive_config
-from tests.triton.support import local_triton
+from services.tritonlocal import TritonInstall
+from tests.triton.support import local_triton, started_backend
 from tests.tritonlocal.support import sample
 
 READY = VersionState.READY
@@ -28,8 +27,7 @@ async def test_backend_loads_and_unloads_specific_versions_when_asked(
 ) -> None:
     with local_triton(repository, tmp_path, install) as server:
         assert server.model_states("mlp") == {}  # explicit mode: nothing loaded yet
-        backend = TritonBackend(repository, Settings(triton_url=server.grpc_url), transform=derive_config)
-        await backend.start()
+        backend = await started_backend(repository, Settings(triton_url=server.grpc_url))
         try:
             assert backend.models() == {"classifier": {1: READY, 2: READY}, "mlp": {1: READY, 2: READY}}
             assert server.model_states("mlp") == {1: "READY", 2: "READY"}
@@ -76,8 +74,7 @@ async def test_backend_connects_and_loads_by_itself_when_triton_starts_after_it(
 ) -> None:
     server = local_triton(repository, tmp_path, install)  # ports picked, not started yet
     settings = Settings(triton_url=server.grpc_url, triton_probe_interval_s=0.1, triton_reload_interval_s=0.5)
-    backend = TritonBackend(repository, settings, transform=derive_config)
-    await backend.start()
+    backend = await started_backend(repository, settings)
     try:
         assert not await backend.live()
         assert backend.models()["mlp"] == {1: VersionState.UNAVAILABLE, 2: VersionState.UNAVAILABLE}

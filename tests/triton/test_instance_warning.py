@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway.backends.triton import TritonBackend
+from services.gateway.backends.triton import identity
 from services.tritonlocal import free_port
-from tests.triton.support import gateway_settings
+from tests.triton.support import gateway_settings, started_backend
 
 
 def copy_with_instances(source: Path, target: Path, count: int) -> Path:
@@ -28,9 +28,10 @@ async def test_backend_warns_when_a_model_has_one_instance_with_dynamic_batching
 ) -> None:
     repository = copy_with_instances(example_repository, tmp_path / "repository", count)
     # Nothing listens there: start() only reads the repository and notes that Triton is not up yet.
-    backend = TritonBackend(repository, gateway_settings(f"127.0.0.1:{free_port()}", repository))
     with caplog.at_level(logging.WARNING, logger="services.gateway.backends.triton"):
-        await backend.start()
+        backend = await started_backend(
+            repository, gateway_settings(f"127.0.0.1:{free_port()}", repository), transform=identity
+        )
         await backend.close()
     messages = [r.getMessage() for r in caplog.records if "one instance" in r.getMessage()]
     assert bool(messages) is warned, messages

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Protocol
 
 from tritonclient.grpc import model_config_pb2
@@ -18,8 +18,10 @@ class Backend(Protocol):
     their runtime's own errors is their job.
     """
 
-    async def start(self) -> None:
-        """Open clients / thread pools and load every version the repository's policies select."""
+    async def start(self, initial: Mapping[str, Collection[int]]) -> None:
+        """Open clients / thread pools and load ``initial`` (model -> versions, as the version manager decided
+        from the routing state and the version policies). A version that fails to load is reported through
+        ``problem``, never raised: the others must still serve."""
 
     async def close(self) -> None:
         """Stop accepting work, fail what is queued, release resources."""
@@ -28,18 +30,22 @@ class Backend(Protocol):
         """Whether the backend process/runtime answers at all."""
 
     def models(self) -> Mapping[str, Mapping[int, VersionState]]:
-        """Every model the backend knows of, with the state of each version it has loaded or is loading.
+        """Every model of the catalog, with the state of each version it has loaded or is loading.
 
-        Called on every request to route it, so it does no I/O: a backend keeps this view current
-        itself (the Triton backend from its load/unload calls and a periodic repository index).
+        No I/O: a backend keeps this view current itself (the Triton backend from its load/unload calls and a
+        periodic repository index).
         """
+
+    def state(self, model: str, version: int) -> VersionState | None:
+        """One version's state (``None``: not loaded). Called on every request: a dict lookup, no I/O."""
 
     def problem(self, model: str, version: int | None = None) -> str | None:
         """Why the model (``version=None``: every version it tried failed, or it cannot run here at all) or one
         version cannot serve, when the backend knows a reason that waiting will not fix; ``None`` otherwise."""
 
     async def load(self, model: str, version: int) -> None:
-        """Load one version beside the others and return once it is warmed up and ready."""
+        """Load one version beside the others (re-reading its config from the repository) and return once it
+        is ready; the version manager warms it up before routing traffic to it."""
 
     async def unload(self, model: str, version: int) -> None:
         """Unload one version once its in-flight requests have finished."""
@@ -62,3 +68,17 @@ class Backend(Protocol):
         v2 priority (0 = default; lower numbers first, as in Triton). Outputs are all the model's
         outputs, arrays with the batch dim first; the dataplane picks the requested ones.
         """
+
+
+def describe_problem(
+    model_problem: str | None, failures: Mapping[int, str], serving: bool, version: int | None
+) -> str | None:
+    """What ``Backend.problem`` answers, from what a backend knows: why the model cannot run at all, why versions
+    failed to load, and whether one of its versions serves (then the model as a whole has no problem)."""
+    if model_problem is not None:
+        return model_problem
+    if version is not None:
+        return failures.get(version)
+    if failures and not serving:
+        return "; ".join(f"version {v}: {reason}" for v, reason in sorted(failures.items()))
+    return None

@@ -6,22 +6,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
 from tritonclient.grpc import model_config_pb2
 
 from services.extras import MissingExtra
 from services.gateway import repository
+from services.gateway.backends.base import describe_problem
 from services.gateway.backends.runners import Runner, UnsupportedModel, build_runner, check_supported
 from services.gateway.batcher import BatchPolicy, DynamicBatcher, Observer
 from services.gateway.errors import GatewayError, ModelNotFound, ModelNotReady
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.types import Array, InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
-from services.gateway.warmup import warmup_requests
 from services.modelrepo import layout
 
 log = logging.getLogger(__name__)
@@ -47,32 +45,23 @@ class EmbeddedBackend:
 
     def __init__(
         self,
-        repository_path: Path,
+        catalog: repository.Catalog,
         *,
         metrics: GatewayMetrics | None = None,
         intra_op_threads: int | None = None,
         spinning: bool = False,
         adaptive_delay: bool = True,
     ) -> None:
-        self._root = repository_path
+        self._catalog = catalog
         self._metrics = metrics
         self._threads = intra_op_threads
         self._spinning = spinning
         self._adaptive_delay = adaptive_delay
-        self._entries: dict[str, repository.ModelEntry] = {}
         self._versions: dict[str, dict[int, _Version]] = {}
-        self._problems: dict[str, str] = {}
 
-    async def start(self) -> None:
-        self._entries = await asyncio.to_thread(repository.scan, self._root)
-        for name, entry in self._entries.items():
-            self._versions[name] = {}
-            problem = _model_problem(entry)
-            if problem is not None:
-                self._problems[name] = problem
-                log.error("model '%s' is unavailable: %s", name, problem)
-                continue
-            for version in entry.selected:
+    async def start(self, initial: Mapping[str, Collection[int]]) -> None:
+        for name, versions in initial.items():
+            for version in sorted(versions):
                 try:
                     await self.load(name, version)
                 except GatewayError as exc:  # one broken version must not keep the others from serving
@@ -87,28 +76,31 @@ class EmbeddedBackend:
         return True
 
     def models(self) -> Mapping[str, Mapping[int, VersionState]]:
-        return {name: {v: s.state for v, s in versions.items()} for name, versions in self._versions.items()}
+        loaded = self._versions
+        return {
+            name: {v: slot.state for v, slot in loaded[name].items()} if name in loaded else {}
+            for name in self._catalog.entries
+        }
+
+    def state(self, model: str, version: int) -> VersionState | None:
+        slot = self._versions.get(model, {}).get(version)
+        return None if slot is None else slot.state
 
     def problem(self, model: str, version: int | None = None) -> str | None:
-        if model in self._problems:
-            return self._problems[model]
+        entry = self._catalog.entries.get(model)
+        if entry is None:
+            return None
         versions = self._versions.get(model, {})
-        if version is not None:
-            slot = versions.get(version)
-            return None if slot is None else slot.problem
-        failed = [f"version {v}: {s.problem}" for v, s in sorted(versions.items()) if s.problem]
-        if failed and not any(s.state is VersionState.READY for s in versions.values()):
-            return "; ".join(failed)
-        return None
+        failures = {v: slot.problem for v, slot in versions.items() if slot.problem}
+        serving = any(slot.state is VersionState.READY for slot in versions.values())
+        return describe_problem(_model_problem(entry), failures, serving, version)
 
     async def load(self, model: str, version: int) -> None:
         # Re-read from disk: versions exported after startup and a re-exported config count.
-        entry = await asyncio.to_thread(repository.refresh, self._entries, model, version)
+        entry = await asyncio.to_thread(self._catalog.refresh, model, version)
         problem = _model_problem(entry)
         if problem is not None:
-            self._problems[model] = problem
             raise ModelNotReady(f"model '{model}' is unavailable: {problem}")
-        self._problems.pop(model, None)
         versions = self._versions.setdefault(model, {})
         current = versions.get(version)
         if current is not None and current.state is VersionState.READY:
@@ -145,7 +137,7 @@ class EmbeddedBackend:
         )
 
     async def unload(self, model: str, version: int) -> None:
-        repository.find(self._entries, model)
+        self._catalog.entry(model)
         if version not in self._versions.get(model, {}):
             raise ModelNotFound(f"model '{model}' version {version} is not loaded")
         await self._discard(model, version, drain=True)
@@ -177,7 +169,7 @@ class EmbeddedBackend:
         )
 
     def _slot(self, model: str, version: int) -> _Version:
-        repository.find(self._entries, model)
+        self._catalog.entry(model)
         slot = self._versions.get(model, {}).get(version)
         if slot is None:
             raise ModelNotFound(f"model '{model}' has no version {version} loaded")
@@ -194,11 +186,11 @@ class EmbeddedBackend:
             slot.pool.shutdown(wait=False)
 
     def _build_runner(self, entry: repository.ModelEntry, version: int, threads: int) -> Runner:
-        """Load the model file and warm it up (runs in the version's pool)."""
+        """Open the model file (runs in the version's pool); the version manager warms it up afterwards."""
         config = entry.config
         path = entry.model_path(version)
         assert path is not None  # _model_problem refuses models without a model file
-        runner = build_runner(
+        return build_runner(
             entry.platform,
             path,
             [t.name for t in config.input],
@@ -206,17 +198,6 @@ class EmbeddedBackend:
             threads=threads,
             spinning=self._spinning,
         )
-        sources = []
-        for request in warmup_requests(entry.path, version, config):
-            runner.run(request.inputs)
-            sources.append(request.source)
-            # Warm the shapes traffic will bring: one row and a full batch (arena growth).
-            if config.max_batch_size > 0:
-                runner.run({name: value[:1] for name, value in request.inputs.items()})
-                rows = config.max_batch_size
-                runner.run({n: np.resize(v, (rows, *v.shape[1:])) for n, v in request.inputs.items()})
-        log.info("warmed model '%s' version %d with %s", entry.name, version, "; ".join(sources))
-        return runner
 
     def _observer(self, model: str, version: int) -> Observer | None:
         metrics = self._metrics

@@ -11,19 +11,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Collection, Mapping
 
-import grpc
 from tritonclient.grpc import model_config_pb2
 
 from services.gateway import repository
+from services.gateway.backends.base import describe_problem
 from services.gateway.backends.circuit import CircuitBreaker, CircuitState
+from services.gateway.backends.triton.calls import TritonCalls
 from services.gateway.backends.triton.channels import TritonChannels, open_channels
-from services.gateway.backends.triton.codec import infer_request, infer_response
 from services.gateway.backends.triton.configs import ConfigTransform, identity, warn_if_single_instance
 from services.gateway.backends.triton.errors import TritonErrors
-from services.gateway.errors import BackendUnavailable, DeadlineExceeded, GatewayError, ModelNotFound, Overloaded
+from services.gateway.errors import BackendUnavailable, GatewayError, ModelNotFound
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import Settings
 from services.gateway.types import InferRequest, InferResponse, ModelMetadata, VersionState
@@ -42,13 +41,13 @@ class TritonBackend:
 
     def __init__(
         self,
-        repository_path: Path,
+        catalog: repository.Catalog,
         settings: Settings,
         *,
         transform: ConfigTransform = identity,
         metrics: GatewayMetrics | None = None,
     ) -> None:
-        self._root = repository_path
+        self._catalog = catalog
         self._settings = settings
         self._transform = transform
         self._metrics = metrics
@@ -58,38 +57,39 @@ class TritonBackend:
         self._control: ModelControl | None = None
         self._probe: asyncio.Task[None] | None = None
         self._live = False
-        self._inflight = 0
-        self._entries: dict[str, repository.ModelEntry] = {}
+        self._calls = TritonCalls(self._breaker, self._errors, settings, metrics)
         self._configs: dict[str, model_config_pb2.ModelConfig] = {}
         self._metadata: dict[tuple[str, int], ModelMetadata] = {}
         self._wanted: dict[str, set[int]] = {}
         self._states: dict[str, dict[int, VersionState]] = {}
-        self._problems: dict[str, str] = {}
         self._failures: dict[str, dict[int, str]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._last_reload: dict[str, float] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------------------
-    async def start(self) -> None:
-        self._entries = await asyncio.to_thread(repository.scan, self._root)
-        for name, entry in self._entries.items():
-            self._states[name], self._failures[name], self._locks[name] = {}, {}, asyncio.Lock()
-            self._wanted[name] = set()
-            problem = entry.problem or (None if entry.available else f"no version folder under {entry.path}")
-            if problem is not None:
-                self._problems[name] = problem
-                log.error("model '%s' is unavailable: %s", name, problem)
+    async def start(self, initial: Mapping[str, Collection[int]]) -> None:
+        for name, versions in initial.items():
+            entry = self._catalog.entry(name)
+            if _model_problem(entry) is not None:
                 continue
+            self._track(name)
             warn_if_single_instance(entry.config)
             self._configs[name] = self._transform(entry.config)
-            self._wanted[name] = set(entry.selected)
-            self._states[name] = dict.fromkeys(entry.selected, VersionState.UNAVAILABLE)  # until Triton says more
+            self._wanted[name] = set(versions)
+            self._states[name] = dict.fromkeys(versions, VersionState.UNAVAILABLE)  # until Triton says more
         self._channels = open_channels(self._settings)
         self._control = ModelControl(self._channels.client)
+        self._calls.channels = self._channels
         await self._sync(force_reload=True)
         if not self._live:
             log.warning("Triton at %s is not reachable; its models load once it answers", self._settings.triton_url)
         self._probe = asyncio.create_task(self._probe_loop(), name="triton-health-probe")
+
+    def _track(self, model: str) -> None:
+        """Start keeping state for a model (at startup, or one found in the repository later)."""
+        if model not in self._locks:
+            self._states[model], self._failures[model], self._locks[model] = {}, {}, asyncio.Lock()
+            self._wanted[model] = set()
 
     async def close(self) -> None:
         if self._probe is not None:
@@ -99,36 +99,49 @@ class TritonBackend:
             self._probe = None
         if self._channels is not None:
             await self._channels.close()
-            self._channels = self._control = None
+            self._channels = self._control = self._calls.channels = None
         self._live = False
 
     async def live(self) -> bool:
         return self._live
 
     def models(self) -> Mapping[str, Mapping[int, VersionState]]:
-        return self._states
+        states = self._states
+        return {name: states.get(name, {}) for name in self._catalog.entries}
+
+    def state(self, model: str, version: int) -> VersionState | None:
+        versions = self._states.get(model)
+        return None if versions is None else versions.get(version)
 
     def problem(self, model: str, version: int | None = None) -> str | None:
-        if model in self._problems:
-            return self._problems[model]
-        failures = self._failures.get(model, {})
-        if version is not None:
-            return failures.get(version)
-        if failures and VersionState.READY not in self._states.get(model, {}).values():
-            return "; ".join(f"version {v}: {reason}" for v, reason in sorted(failures.items()))
-        return None
+        entry = self._catalog.entries.get(model)
+        if entry is None:
+            return None
+        serving = VersionState.READY in self._states.get(model, {}).values()
+        return describe_problem(_model_problem(entry), self._failures.get(model, {}), serving, version)
 
     # -- model control (gRPC only: a load over HTTP stalls Triton's HTTP inference) -----------------------
     async def load(self, model: str, version: int) -> None:
-        # Re-read from disk: versions exported after startup count.
-        await asyncio.to_thread(repository.refresh, self._entries, model, version)
-        if model in self._problems:
-            raise GatewayError(f"model '{model}' is unavailable: {self._problems[model]}", 503)
+        # Re-read from disk: versions exported after startup and a re-exported config count. Triton takes the
+        # config per model, so the versions already loaded get it too (Triton swaps their instances gracefully).
+        entry = await asyncio.to_thread(self._catalog.refresh, model, version)
+        problem = _model_problem(entry)
+        if problem is not None:
+            raise GatewayError(f"model '{model}' is unavailable: {problem}", 503)
+        self._track(model)
         async with self._locks[model]:
-            await self._switch(model, self._wanted[model] | {version})
+            previous_config = self._configs.get(model)
+            self._configs[model] = self._transform(entry.config)
+            self._metadata = {key: value for key, value in self._metadata.items() if key[0] != model}
+            try:
+                await self._switch(model, self._wanted[model] | {version})
+            except GatewayError:
+                if previous_config is not None:
+                    self._configs[model] = previous_config
+                raise
 
     async def unload(self, model: str, version: int) -> None:
-        repository.find(self._entries, model)
+        self._catalog.entry(model)
         if version not in self._states.get(model, {}):
             raise ModelNotFound(f"model '{model}' version {version} is not loaded")
         async with self._locks[model]:
@@ -179,7 +192,7 @@ class TritonBackend:
         if found is None:
             self._check_known(model, version)
             # The repository's config, not the one Triton loads: a local python-backend twin is still an ONNX model.
-            config = self._entries[model].config
+            config = self._catalog.entry(model).config
             found = self._metadata[key] = repository.metadata_from_config(config, (version,))
         return found
 
@@ -188,51 +201,15 @@ class TritonBackend:
         return pinned(self._configs[model], self._wanted[model])
 
     def _check_known(self, model: str, version: int) -> None:
-        repository.find(self._entries, model)
+        self._catalog.entry(model)
         if version not in self._states.get(model, {}):
             raise ModelNotFound(f"model '{model}' has no version {version} loaded")
 
-    # -- inference ------------------------------------------------------------------------------------------
+    # -- inference (calls.py) -------------------------------------------------------------------------------
     async def infer(
         self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
     ) -> InferResponse:
-        if timeout_s is not None and timeout_s <= 0:
-            raise DeadlineExceeded(f"request to model '{request.model}' has no time left for Triton")
-        breaker, channels = self._breaker, self._channels
-        if channels is None or not breaker.allow():
-            raise self._errors.unavailable(f"Triton at {self._settings.triton_url} is unavailable (circuit open)")
-        if self._inflight >= self._settings.triton_max_inflight:
-            breaker.release()
-            raise Overloaded(f"{self._inflight} requests are already in flight to Triton")
-        message = infer_request(request, version, timeout_s, priority)
-        self._inflight += 1
-        started = time.monotonic()
-        try:
-            if timeout_s is not None:
-                # The client timeout ends the call on our side when Triton's own queue timeout does.
-                reply = await channels.infer(message, timeout=timeout_s)
-            else:
-                # No deadline: only a safety net against a Triton that accepts calls and never answers. A gRPC
-                # deadline would cost a timer in gRPC core here and in Triton on every call; the loop's is cheap.
-                async with asyncio.timeout(self._settings.triton_infer_timeout_s):
-                    reply = await channels.infer(message)
-        except TimeoutError:
-            breaker.record_failure()  # a Triton that sits on a call this long is not healthy
-            limit = self._settings.triton_infer_timeout_s
-            raise DeadlineExceeded(f"Triton did not answer model '{request.model}' within {limit:g} s") from None
-        except grpc.RpcError as exc:
-            code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else "UNKNOWN"
-            details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-            raise self._errors.infer_error(code, str(details or ""), request.model, version, timeout_s) from None
-        except OSError as exc:
-            breaker.record_failure()
-            raise self._errors.unavailable(f"Triton at {self._settings.triton_url} is unreachable: {exc}") from None
-        finally:
-            self._inflight -= 1
-        breaker.record_success()
-        if self._metrics is not None:
-            self._metrics.backend_time(request.model, str(version)).observe(time.monotonic() - started)
-        return infer_response(reply, request, version)
+        return await self._calls.infer(request, version=version, timeout_s=timeout_s, priority=priority)
 
     # -- health probe and reconciliation ---------------------------------------------------------------------
     async def _probe_loop(self) -> None:
@@ -298,3 +275,9 @@ class TritonBackend:
             for v in wanted:
                 view.setdefault(v, VersionState.UNAVAILABLE)
             self._states[model] = view
+
+
+def _model_problem(entry: repository.ModelEntry) -> str | None:
+    if entry.problem is not None:
+        return entry.problem
+    return None if entry.available else f"no version folder under {entry.path}"

@@ -1,0 +1,142 @@
+"""Admin API handlers: authenticate, parse, call the version manager, answer JSON. Nothing here is counted in
+the inference metrics, and none of it is reachable over gRPC."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from services.gateway.admin.auth import AdminAuth
+from services.gateway.admin.views import model_status, overview
+from services.gateway.errors import GatewayError, InvalidInput, SwapFailed, Unauthorized
+from services.gateway.manager import VersionManager
+from services.gateway.rest.responses import JSONBytesResponse
+from services.gateway.settings import Settings
+
+log = logging.getLogger(__name__)
+_SWITCH_OPTIONS: dict[str, type] = {"keep_previous": bool, "drain_timeout_s": float, "compare": bool}
+_UNLOAD_OPTIONS: dict[str, type] = {"drain_timeout_s": float}
+MAX_EVENTS = 1000
+
+
+class AdminEndpoints:
+    def __init__(self, manager: VersionManager, auth: AdminAuth, settings: Settings) -> None:
+        self._manager = manager
+        self._auth = auth
+        self._max_drain_s = settings.max_drain_timeout_s
+
+    async def models(self, request: Request) -> Response:
+        return await self._answer(request, lambda actor: _ready(overview(self._manager)))
+
+    async def model(self, request: Request) -> Response:
+        return await self._answer(request, lambda actor: _ready(model_status(self._manager, _model(request))))
+
+    async def activate(self, request: Request) -> Response:
+        async def act(actor: str) -> Any:
+            options = self._options(await request.body(), _SWITCH_OPTIONS)
+            report = await self._manager.activate(_model(request), _version(request), actor=actor, **options)
+            return report.to_json()
+
+        return await self._answer(request, act)
+
+    async def rollback(self, request: Request) -> Response:
+        async def act(actor: str) -> Any:
+            options = self._options(await request.body(), _SWITCH_OPTIONS)
+            return (await self._manager.rollback(_model(request), actor=actor, **options)).to_json()
+
+        return await self._answer(request, act)
+
+    async def load(self, request: Request) -> Response:
+        async def act(actor: str) -> Any:
+            self._options(await request.body(), {})
+            return (await self._manager.load(_model(request), _version(request), actor=actor)).to_json()
+
+        return await self._answer(request, act)
+
+    async def unload(self, request: Request) -> Response:
+        async def act(actor: str) -> Any:
+            options = self._options(await request.body(), _UNLOAD_OPTIONS)
+            report = await self._manager.unload(_model(request), _version(request), actor=actor, **options)
+            return report.to_json()
+
+        return await self._answer(request, act)
+
+    async def events(self, request: Request) -> Response:
+        async def act(actor: str) -> Any:
+            model = _model(request)
+            self._manager.catalog.entry(model)
+            limit = _limit(request.query_params.get("limit"))
+            return {"events": [event.to_json() for event in await self._manager.store.events(model, limit)]}
+
+        return await self._answer(request, act)
+
+    async def scan(self, request: Request) -> Response:
+        return await self._answer(request, lambda actor: self._manager.scan(actor=actor))
+
+    async def _answer(self, request: Request, action: Callable[[str], Awaitable[Any]]) -> Response:
+        try:
+            actor = self._auth.check(request)
+            return JSONBytesResponse(await action(actor))
+        except GatewayError as exc:
+            body: dict[str, Any] = {"error": str(exc)}
+            headers = {}
+            if isinstance(exc, SwapFailed):
+                body["step"] = exc.step
+            if isinstance(exc, Unauthorized):
+                headers["WWW-Authenticate"] = 'Bearer realm="switchyard-admin"'
+            if exc.status >= 500 and exc.status != 503:
+                log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc)
+            return JSONBytesResponse(body, status_code=exc.status, headers=headers)
+
+    def _options(self, body: bytes, allowed: dict[str, type]) -> dict[str, Any]:
+        """The optional JSON body: an object with only the allowed keys, each of its type."""
+        if not body.strip():
+            return {}
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise InvalidInput("the request body must be a JSON object")
+        names = ", ".join(allowed) or "none"
+        options: dict[str, Any] = {}
+        for key, value in data.items():
+            kind = allowed.get(key)
+            if kind is None:
+                raise InvalidInput(f"unknown option {key!r}; expected: {names}")
+            if kind is bool and not isinstance(value, bool):
+                raise InvalidInput(f"option {key!r} must be true or false, got {value!r}")
+            if kind is float:
+                if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= self._max_drain_s:
+                    raise InvalidInput(f"option {key!r} must be a number of seconds from 0 to {self._max_drain_s:g}")
+                value = float(value)
+            options[key] = value
+        return options
+
+
+async def _ready(value: Any) -> Any:
+    return value
+
+
+def _model(request: Request) -> str:
+    return str(request.path_params["model_name"])
+
+
+def _version(request: Request) -> int:
+    raw = str(request.path_params["model_version"])
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        raise InvalidInput(f"a version is a non-negative integer, got {raw!r}")
+    return int(raw)
+
+
+def _limit(raw: str | None) -> int:
+    if raw is None:
+        return 100
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_EVENTS:
+        raise InvalidInput(f"limit must be an integer from 1 to {MAX_EVENTS}, got {raw!r}")
+    return int(raw)

@@ -1,0 +1,60 @@
+"""What the admin API shows of a model: routing, loaded versions (state, leases, problem), versions on disk,
+the action running now and the last one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.gateway.manager import VersionManager
+
+
+def model_status(manager: VersionManager, model: str) -> dict[str, Any]:
+    entry = manager.catalog.entry(model)
+    record = manager.router.record(model)
+    states = manager.backend.models().get(model, {})
+    running = manager.progress.get(model)
+    last = manager.last.get(model)
+    loaded = []
+    for version in sorted(states):
+        loaded.append(
+            {
+                "version": version,
+                "state": states[version].value,
+                "leases": manager.leases.count(model, version),
+                "on_disk": version in entry.available,
+                "problem": manager.router.problem(model, version),
+            }
+        )
+    return {
+        "name": model,
+        "platform": entry.platform,
+        "ready": manager.router.ready(model),
+        "routing": record.to_json() if record is not None else None,
+        "loaded": loaded,
+        "available": list(entry.available),
+        "selected_by_policy": list(entry.selected),
+        "problem": None if manager.router.ready(model) else manager.router.problem(model),
+        "action": running.to_json() if running is not None else None,
+        "last_action": last.to_json() if last is not None else None,
+    }
+
+
+def overview(manager: VersionManager) -> dict[str, Any]:
+    models = []
+    for name in sorted(manager.catalog.entries):
+        status = model_status(manager, name)
+        routing = status["routing"] or {}
+        models.append(
+            {
+                "name": name,
+                "ready": status["ready"],
+                "stable": routing.get("stable"),
+                "previous": routing.get("previous"),
+                "generation": routing.get("generation"),
+                "loaded": [v["version"] for v in status["loaded"]],
+                "available": status["available"],
+                "problem": status["problem"],
+                "action": status["action"],
+            }
+        )
+    return {"models": models}

@@ -1,0 +1,158 @@
+"""A small typed client of the gateway's admin API (``/admin``): one method per route, JSON objects back. A call
+ends in one of two errors when it does not succeed: ``AdminError`` (the gateway answered with an error) or
+``GatewayUnreachable`` (no answer). Only httpx and the standard library: ``switchyard`` imports this at startup."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+__all__ = ["DEFAULT_URL", "AdminClient", "AdminError", "GatewayUnreachable", "JSONObject"]
+
+JSONObject = dict[str, Any]
+DEFAULT_URL = "http://127.0.0.1:8000"
+CONNECT_TIMEOUT_S = 10.0
+"""A gateway that is up accepts at once: a wrong --url should not wait out a long action timeout."""
+
+
+class AdminError(Exception):
+    """The admin API answered ``status`` with ``{"error": message}``, plus ``step`` when a version action failed."""
+
+    def __init__(self, message: str, status: int, step: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.step = step
+
+    @property
+    def refused(self) -> bool:
+        """401 / 403: no token, a wrong one, or the gateway runs without an admin token."""
+        return self.status in (401, 403)
+
+
+class GatewayUnreachable(Exception):
+    """No answer came: nothing listens at the URL, the connection broke, or the answer took longer than the timeout
+    (``timed_out``: the gateway may still be running the action)."""
+
+    def __init__(self, url: str, reason: str, *, timed_out: bool = False) -> None:
+        super().__init__(f"cannot reach the gateway at {url}: {reason}")
+        self.url = url
+        self.reason = reason
+        self.timed_out = timed_out
+
+
+class AdminClient:
+    """Blocking, one connection pool; not shared between threads (the CLI's live view polls with a second one)."""
+
+    def __init__(self, url: str, token: str | None, *, timeout_s: float) -> None:
+        # "host:port" is what people type; httpx needs the scheme.
+        self.url = (url if "://" in url else f"http://{url}").rstrip("/")
+        self.timeout_s = timeout_s
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S))
+        try:
+            self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        except httpx.InvalidURL as exc:
+            raise GatewayUnreachable(self.url, f"invalid URL ({exc})") from None
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- reading --------------------------------------------------------------------------------------------
+    def models(self) -> JSONObject:
+        return self._call("GET", "/admin/models")
+
+    def model(self, model: str) -> JSONObject:
+        return self._call("GET", _model_path(model))
+
+    def events(self, model: str, limit: int | None = None) -> JSONObject:
+        params = {"limit": str(limit)} if limit is not None else None
+        return self._call("GET", f"{_model_path(model)}/events", params=params)
+
+    # -- version actions: an option left at None is not sent, so the gateway's default applies ---------------
+    def activate(
+        self,
+        model: str,
+        version: int,
+        *,
+        keep_previous: bool | None = None,
+        drain_timeout_s: float | None = None,
+        compare: bool | None = None,
+    ) -> JSONObject:
+        options = _given(keep_previous=keep_previous, drain_timeout_s=drain_timeout_s, compare=compare)
+        return self._call("POST", f"{_model_path(model)}/versions/{version}/activate", body=options)
+
+    def rollback(
+        self,
+        model: str,
+        *,
+        keep_previous: bool | None = None,
+        drain_timeout_s: float | None = None,
+        compare: bool | None = None,
+    ) -> JSONObject:
+        options = _given(keep_previous=keep_previous, drain_timeout_s=drain_timeout_s, compare=compare)
+        return self._call("POST", f"{_model_path(model)}/rollback", body=options)
+
+    def load(self, model: str, version: int) -> JSONObject:
+        return self._call("POST", f"{_model_path(model)}/versions/{version}/load")
+
+    def unload(self, model: str, version: int, *, drain_timeout_s: float | None = None) -> JSONObject:
+        options = _given(drain_timeout_s=drain_timeout_s)
+        return self._call("POST", f"{_model_path(model)}/versions/{version}/unload", body=options)
+
+    def scan(self) -> JSONObject:
+        return self._call("POST", "/admin/repository/scan")
+
+    def _call(
+        self, method: str, path: str, *, body: JSONObject | None = None, params: dict[str, str] | None = None
+    ) -> JSONObject:
+        try:
+            # No body at all when there are no options: the gateway then applies every default.
+            response = self._http.request(method, path, json=body or None, params=params)
+        except httpx.ConnectTimeout:
+            raise GatewayUnreachable(
+                self.url, f"no connection within {min(self.timeout_s, CONNECT_TIMEOUT_S):g} s"
+            ) from None
+        except httpx.TimeoutException:
+            raise GatewayUnreachable(self.url, f"no answer within {self.timeout_s:g} s", timed_out=True) from None
+        except httpx.RequestError as exc:  # refused, reset, DNS, an undecodable body, a scheme httpx does not speak
+            raise GatewayUnreachable(self.url, str(exc) or type(exc).__name__) from None
+        return _decode(response)
+
+
+def _decode(response: httpx.Response) -> JSONObject:
+    try:
+        data = response.json()
+    except ValueError:  # also UnicodeDecodeError: whatever answered is not the admin API
+        data = None
+    if response.is_success and isinstance(data, dict):
+        return data
+    request = response.request
+    answered = f"{request.method} {request.url.path} answered {response.status_code} {response.reason_phrase}"
+    if not response.is_success and isinstance(data, dict) and isinstance(data.get("error"), str):
+        step = data.get("step")
+        message = data["error"]
+        if message == response.reason_phrase:  # a bare status (no such route): say which route was asked for
+            message = f"{answered}: is the URL the gateway's root?"
+        raise AdminError(message, response.status_code, step if isinstance(step, str) else None)
+    root = f"{request.url.scheme}://{request.url.netloc.decode()}"
+    raise AdminError(f"{answered} without an admin API answer: is {root} a Switchyard gateway?", response.status_code)
+
+
+def _model_path(model: str) -> str:
+    return f"/admin/models/{quote(model, safe='')}"
+
+
+def _given(**options: object) -> JSONObject:
+    return {name: value for name, value in options.items() if value is not None}

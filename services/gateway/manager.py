@@ -1,0 +1,308 @@
+"""The version manager: what is loaded and where unversioned requests go. It runs every version action (activate,
+rollback, load, unload) one at a time per model, with the swap protocol, and persists routing and audit events.
+What loads at startup is in ``startup``, how the repository is followed in ``follow``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any
+
+from services.gateway.backends.base import Backend
+from services.gateway.errors import BackendUnavailable, Conflict, GatewayError, ModelNotFound, SwapFailed
+from services.gateway.follow import poll, scan_repository
+from services.gateway.leases import Leases
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.progress import GATEWAY, ActionReport, Progress, Steps
+from services.gateway.repository import Catalog
+from services.gateway.routing import Router
+from services.gateway.settings import Settings
+from services.gateway.startup import start_models
+from services.gateway.state import Event, RoutingRecord, StateError, StateStore
+from services.gateway.types import VersionState
+from services.gateway.warmup import WarmedUp, WarmupError, compare_versions, warm_up
+
+log = logging.getLogger(__name__)
+
+
+class VersionManager:
+    def __init__(
+        self,
+        settings: Settings,
+        catalog: Catalog,
+        backend: Backend,
+        router: Router,
+        leases: Leases,
+        store: StateStore,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.backend = backend
+        self.router = router
+        self.leases = leases
+        self.store = store
+        self.metrics = metrics
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.progress: dict[str, Progress] = {}
+        """The action running on each model now (the CLI's live view polls it)."""
+        self.last: dict[str, ActionReport] = {}
+        self._poller: asyncio.Task[None] | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open the state store, load and route every model (``startup``), and follow the repository."""
+        await self.store.open()
+        await start_models(self)
+        if self.settings.repository_poll_s > 0:
+            self._poller = asyncio.create_task(poll(self), name="repository-poll")
+
+    async def scan(self, *, actor: str = GATEWAY) -> dict[str, Any]:
+        """Read the repository again (``follow``): new models load and route, new versions are only listed."""
+        return await scan_repository(self, actor)
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+            self._poller = None
+        await self.store.close()
+
+    # -- actions --------------------------------------------------------------------------------------------
+    async def activate(
+        self,
+        model: str,
+        version: int,
+        *,
+        keep_previous: bool = True,
+        drain_timeout_s: float | None = None,
+        compare: bool = True,
+        actor: str = GATEWAY,
+    ) -> ActionReport:
+        async with self.exclusive(model, "activate", version) as steps:
+            return await self._switch(model, version, steps, keep_previous, drain_timeout_s, compare, actor)
+
+    async def rollback(
+        self,
+        model: str,
+        *,
+        keep_previous: bool = True,
+        drain_timeout_s: float | None = None,
+        compare: bool = False,
+        actor: str = GATEWAY,
+    ) -> ActionReport:
+        async with self.exclusive(model, "rollback", None) as steps:
+            record = self.router.record(model)
+            if record is None or record.previous is None:
+                raise Conflict(f"model '{model}' has no previous version to roll back to")
+            steps.progress.version = record.previous
+            return await self._switch(model, record.previous, steps, keep_previous, drain_timeout_s, compare, actor)
+
+    async def load(self, model: str, version: int, *, actor: str = GATEWAY) -> ActionReport:
+        async with self.exclusive(model, "load", version) as steps:
+            if self.backend.state(model, version) is VersionState.READY:
+                return await self.finish(steps, "unchanged", {"version": version}, actor)
+            try:
+                await self.prepare(model, version, steps)
+            except GatewayError as exc:
+                raise await self.failed(steps, exc, {"version": version}, actor, None) from None
+            return await self.finish(steps, "ok", {"version": version}, actor)
+
+    async def unload(
+        self, model: str, version: int, *, drain_timeout_s: float | None = None, actor: str = GATEWAY
+    ) -> ActionReport:
+        async with self.exclusive(model, "unload", version) as steps:
+            record = self.router.record(model)
+            if record is not None and record.stable == version:
+                raise Conflict(
+                    f"version {version} is the stable version of model '{model}'; activate another version first"
+                )
+            if self.backend.state(model, version) is None:
+                raise ModelNotFound(f"model '{model}' has no version {version} loaded")
+            async with steps.run("drain"):
+                drained = await self.leases.drain(model, version, self._drain_timeout(drain_timeout_s))
+            try:
+                async with steps.run("unload"):
+                    await self.backend.unload(model, version)
+            except GatewayError as exc:
+                raise await self.failed(steps, exc, {"version": version}, actor, None) from None
+            self.router.note(model, version, None)
+            report = await self.finish(steps, "ok", {"version": version}, actor)
+            return report.but(drained=drained, in_flight_left=self.leases.count(model, version))
+
+    # -- the swap protocol ----------------------------------------------------------------------------------
+    async def _switch(
+        self,
+        model: str,
+        version: int,
+        steps: Steps,
+        keep_previous: bool,
+        drain_timeout_s: float | None,
+        compare: bool,
+        actor: str,
+    ) -> ActionReport:
+        record = self.router.record(model)
+        old = record.stable if record is not None else None
+        versions = {"from": old, "to": version}
+        if old == version:
+            self.metrics.version_switches.labels(model, "unchanged").inc()
+            return await self.finish(steps, "unchanged", versions, actor)
+        comparison = None
+        warmed: WarmedUp | None = None
+        try:
+            warmed = await self.prepare(model, version, steps)
+            if compare and old is not None and self.backend.state(model, old) is VersionState.READY:
+                async with steps.run("compare"):
+                    comparison = await compare_versions(
+                        self.backend, self.catalog.entry(model), version, old, warmed, self.settings.warmup_timeout_s
+                    )
+            async with steps.run("flip"):
+                routed = RoutingRecord(
+                    stable=version, previous=old, generation=record.generation + 1 if record is not None else 1
+                )
+                try:
+                    await self.store.save_routing(model, routed)  # durable first: a crash now keeps either routing
+                except StateError as exc:
+                    raise BackendUnavailable(f"the routing could not be persisted: {exc}") from None
+                self.set_routing(model, routed)
+        except GatewayError as exc:
+            if warmed is not None and self.backend.state(model, version) is not None:
+                await self.quietly(self.backend.unload(model, version), f"unloading version {version}")
+            self.metrics.version_switches.labels(model, "failed").inc()
+            raise await self.failed(steps, exc, versions, actor, old) from None
+        flipped_at = steps.mark_flip()
+        self.metrics.version_switches.labels(model, "ok").inc()
+        drained, after_flip_error = True, None
+        unloaded: tuple[int, ...] = ()
+        if old is not None:
+            async with steps.run("drain"):
+                drained = await self.leases.drain(model, old, self._drain_timeout(drain_timeout_s))
+            steps.mark("to_drained")
+            if not keep_previous and self.backend.state(model, old) is not None:
+                try:
+                    async with steps.run("unload"):
+                        await self.backend.unload(model, old)
+                    unloaded = (old,)
+                except GatewayError as exc:  # the switch itself is done; say what is left behind
+                    after_flip_error = f"unloading version {old} failed: {exc}"
+                    log.error("model '%s': %s", model, after_flip_error)
+        report = await self.finish(
+            steps, "ok", versions, actor, comparison=comparison, error=after_flip_error, generation=routed.generation
+        )
+        return report.but(
+            routing=routed,
+            comparison=comparison,
+            drained=drained,
+            in_flight_left=self.leases.count(model, old) if old is not None else 0,
+            unloaded=unloaded,
+            flipped_at=flipped_at,
+        )
+
+    async def prepare(self, model: str, version: int, steps: Steps) -> WarmedUp | None:
+        """Load ``version`` (unless it is loaded) and warm it up; undo what this did on failure. The warm-up when
+        it was loaded here, ``None`` when it was loaded already."""
+        async with steps.run("load"):
+            await asyncio.to_thread(self.catalog.refresh, model, version)
+            if self.backend.state(model, version) is VersionState.READY:
+                return None
+            await self.backend.load(model, version)
+        try:
+            return await self.warm(model, version, steps)
+        except GatewayError:
+            await self.quietly(self.backend.unload(model, version), f"unloading version {version}")
+            raise
+
+    async def warm(self, model: str, version: int, steps: Steps) -> WarmedUp:
+        self.router.warming(model, version, True)
+        try:
+            async with steps.run("warmup"):
+                warmed = await warm_up(
+                    self.backend, self.catalog.entry(model), version, timeout_s=self.settings.warmup_timeout_s
+                )
+        except WarmupError as exc:
+            self.router.note(model, version, f"warm-up failed: {exc}")
+            raise GatewayError(str(exc), 422) from None
+        finally:
+            self.router.warming(model, version, False)
+        self.router.note(model, version, None)
+        log.info("warmed model '%s' version %d with %s", model, version, "; ".join(warmed.sources))
+        return warmed
+
+    # -- bookkeeping ----------------------------------------------------------------------------------------
+    @asynccontextmanager
+    async def exclusive(self, model: str, action: str, version: int | None) -> AsyncIterator[Steps]:
+        """One action per model at a time: a second one is refused (409), never queued behind the first."""
+        self.catalog.entry(model)
+        lock = self._locks.setdefault(model, asyncio.Lock())
+        if lock.locked():
+            busy = self.progress[model]
+            raise Conflict(
+                f"model '{model}' is busy: {busy.action} of version {busy.version} is at step '{busy.step}'; "
+                "try again when it has finished"
+            )
+        async with lock:
+            progress = Progress(action, version)
+            self.progress[model] = progress
+            try:
+                yield Steps(model, self.metrics, progress)
+            finally:
+                del self.progress[model]
+
+    async def finish(
+        self,
+        steps: Steps,
+        result: str,
+        versions: dict[str, int | None],
+        actor: str,
+        *,
+        comparison: dict[str, Any] | None = None,
+        error: str | None = None,
+        generation: int | None = None,
+    ) -> ActionReport:
+        progress = steps.progress
+        detail = {"comparison": comparison} if comparison else {}
+        await self.record(Event(progress.action, steps.model, result, versions, dict(progress.steps), None, error,
+                                 actor, generation, detail))
+        report = ActionReport(steps.model, progress.action, result, versions, dict(progress.steps),
+                              routing=self.router.record(steps.model), error=error)
+        self.last[steps.model] = report
+        return report
+
+    async def failed(
+        self, steps: Steps, exc: GatewayError, versions: dict[str, int | None], actor: str, serving: int | None
+    ) -> SwapFailed:
+        step = steps.progress.step
+        keeps = f"; version {serving} keeps serving" if serving is not None else ""
+        target = versions.get("to", versions.get("version"))
+        message = f"{steps.progress.action} of model '{steps.model}' version {target} failed at step '{step}': {exc}"
+        await self.record(Event(steps.progress.action, steps.model, "failed", versions, dict(steps.progress.steps),
+                                 step, str(exc), actor, None))
+        self.last[steps.model] = ActionReport(steps.model, steps.progress.action, "failed", versions,
+                                              dict(steps.progress.steps), step=step, error=str(exc),
+                                              routing=self.router.record(steps.model))
+        # 404 / 409 as they came; 503 when the backend itself is unavailable (retry later); anything else is
+        # the version's own fault (a corrupt file, a failed warm-up): 422.
+        status = exc.status if isinstance(exc, ModelNotFound | Conflict | BackendUnavailable) else 422
+        return SwapFailed(message + keeps, step, status)
+
+    def set_routing(self, model: str, record: RoutingRecord) -> None:
+        self.router.set(model, record)
+        self.metrics.active_version.labels(model).set(record.stable)
+
+    async def record(self, event: Event) -> None:
+        try:
+            await self.store.append_event(event)
+        except StateError as exc:  # the audit log must not undo an action that succeeded
+            log.error("audit event not written (%s): %s", exc, event)
+
+    def _drain_timeout(self, requested: float | None) -> float:
+        return self.settings.drain_timeout_s if requested is None else requested
+
+    @staticmethod
+    async def quietly(call: Coroutine[Any, Any, None], what: str) -> None:
+        try:
+            await call
+        except GatewayError as exc:
+            log.error("%s failed: %s", what, exc)

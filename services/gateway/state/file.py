@@ -1,0 +1,305 @@
+"""``FileStateStore``: routing records in one JSON file that is only ever replaced whole (write, fsync, rename),
+and the audit log as JSON lines beside it. An exclusive lock keeps a second gateway off the same files."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+from services.gateway.state.records import Event, RoutingRecord, StateError
+
+__all__ = ["FORMAT", "FileStateStore", "default_state_path"]
+
+FORMAT = 1
+"""The routing file's ``format``; a file with another one is refused rather than guessed at."""
+
+_TMP_SUFFIX = ".tmp"
+
+logger = logging.getLogger(__name__)
+
+
+def default_state_path(repository: Path) -> Path:
+    """Where the routing file of ``repository`` lives unless ``SWITCHYARD_STATE_PATH`` says otherwise.
+
+    Never inside the repository: Triton takes every folder there for a model. The folder name carries a hash of
+    the resolved repository path, so two repositories with the same name get separate state."""
+    resolved = repository.resolve()
+    digest = hashlib.sha1(str(resolved).encode(), usedforsecurity=False).hexdigest()[:12]
+    xdg = os.environ.get("XDG_STATE_HOME", "")
+    # The XDG spec says a relative value is invalid and must be ignored.
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".local" / "state"
+    return base / "switchyard" / f"{resolved.name}-{digest}" / "routing.json"
+
+
+class FileStateStore:
+    """A ``StateStore`` for one gateway: the routing file at ``path``, the audit log at ``<stem>.events.jsonl``
+    (rotated to ``.1`` past ``max_event_bytes``) and ``<path>.lock``, held while the store is open."""
+
+    def __init__(self, path: Path, *, max_event_bytes: int = 10 * 1024 * 1024) -> None:
+        if max_event_bytes < 1:
+            raise ValueError(f"max_event_bytes must be positive, got {max_event_bytes}")
+        self.path = path
+        self.events_path = path.with_name(path.stem + ".events.jsonl")
+        self.lock_path = path.with_name(path.name + ".lock")
+        self._max_event_bytes = max_event_bytes
+        self._lock_fd: int | None = None
+        self._records: dict[str, RoutingRecord] | None = None
+        # The asyncio locks keep concurrent callers from each parking a worker thread; the thread locks are what
+        # really serialise the file work, since a cancelled caller releases its asyncio lock while its thread runs.
+        self._routing_lock = asyncio.Lock()
+        self._events_lock = asyncio.Lock()
+        self._routing_io = threading.Lock()
+        self._events_io = threading.Lock()
+
+    async def open(self) -> None:
+        await asyncio.to_thread(self._open)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._close)
+
+    async def load_routing(self) -> Mapping[str, RoutingRecord]:
+        async with self._routing_lock:
+            return await asyncio.to_thread(self._load_routing)
+
+    async def save_routing(self, model: str, record: RoutingRecord) -> None:
+        async with self._routing_lock:
+            await asyncio.to_thread(self._save_routing, model, record)
+
+    async def append_event(self, event: Event) -> None:
+        async with self._events_lock:
+            await asyncio.to_thread(self._append_event, event)
+
+    async def events(self, model: str | None = None, limit: int = 100) -> list[Event]:
+        if limit < 0:
+            raise ValueError(f"limit must not be negative, got {limit}")
+        async with self._events_lock:
+            return await asyncio.to_thread(self._read_events, model, limit)
+
+    # Everything below runs in a worker thread.
+
+    def _open(self) -> None:
+        with self._routing_io:
+            if self._lock_fd is not None:
+                return
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise StateError(f"cannot open the state lock {self.lock_path}: {exc}") from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                finally:
+                    os.close(fd)
+                raise StateError(
+                    f"the state file {self.path} is in use by another gateway (pid {holder}, holding "
+                    f"{self.lock_path}); give each gateway its own SWITCHYARD_STATE_PATH, or a shared store "
+                    "such as Redis for replicas"
+                ) from None
+            except OSError as exc:
+                os.close(fd)
+                raise StateError(f"cannot lock {self.lock_path}: {exc}") from exc
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError as exc:
+                os.close(fd)
+                raise StateError(f"cannot write the holder's pid to {self.lock_path}: {exc}") from exc
+            self._lock_fd = fd
+            # Another gateway may have written the file since a previous open; read it afresh.
+            self._records = None
+            self._remove_stale_temp_files()
+
+    def _close(self) -> None:
+        with self._routing_io:
+            fd, self._lock_fd = self._lock_fd, None
+            self._records = None
+            if fd is not None:
+                # Closing the descriptor drops the flock; the lock file stays, as an unlocked file means nothing.
+                os.close(fd)
+
+    def _load_routing(self) -> dict[str, RoutingRecord]:
+        with self._routing_io:
+            return dict(self._current_records())
+
+    def _save_routing(self, model: str, record: RoutingRecord) -> None:
+        with self._routing_io:
+            records = {**self._current_records(), model: record}
+            self._replace_routing_file(records)
+            # Only now: when the write fails the store keeps the records it had, and the next save writes those.
+            self._records = records
+
+    def _current_records(self) -> dict[str, RoutingRecord]:
+        self._check_open()
+        if self._records is None:
+            self._records = self._read_routing_file()
+        return self._records
+
+    def _read_routing_file(self) -> dict[str, RoutingRecord]:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise self._corrupt(f"cannot be read ({exc})") from exc
+        except UnicodeDecodeError as exc:
+            raise self._corrupt(f"is not valid JSON ({exc})") from exc
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise self._corrupt(f"is not valid JSON ({exc})") from exc
+        if not isinstance(data, dict):
+            raise self._corrupt(f"holds a JSON {type(data).__name__}, not an object")
+        found = data.get("format")
+        if found != FORMAT or isinstance(found, bool):
+            raise self._corrupt(f"has format {found!r}; this gateway reads format {FORMAT}")
+        models = data.get("models")
+        if not isinstance(models, dict):
+            raise self._corrupt(f"has 'models' {models!r}, not an object of routing records")
+        records: dict[str, RoutingRecord] = {}
+        for model, raw in models.items():
+            try:
+                records[model] = RoutingRecord.from_json(raw)
+            except ValueError as exc:
+                raise self._corrupt(f"has a bad routing record for model {model!r}: {exc}") from exc
+        return records
+
+    def _replace_routing_file(self, records: dict[str, RoutingRecord]) -> None:
+        document = {"format": FORMAT, "models": {name: records[name].to_json() for name in sorted(records)}}
+        payload = (json.dumps(document, indent=2) + "\n").encode()
+        folder = self.path.parent
+        try:
+            fd, temp = tempfile.mkstemp(prefix=self._temp_prefix, suffix=_TMP_SUFFIX, dir=folder)
+        except OSError as exc:
+            raise StateError(f"cannot write the state file {self.path}: {exc}") from exc
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(payload)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temp, self.path)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            if isinstance(exc, OSError):
+                raise StateError(f"cannot write the state file {self.path}: {exc}") from exc
+            raise
+        try:
+            _fsync_folder(folder)
+        except OSError as exc:
+            # The new file is in place but may not survive a power cut; the caller must not count on it.
+            raise StateError(f"cannot make the state file {self.path} durable: {exc}") from exc
+
+    def _remove_stale_temp_files(self) -> None:
+        # Left by a gateway killed mid-save; we hold the lock, so no one else is writing them.
+        with contextlib.suppress(OSError):
+            for stale in self.path.parent.iterdir():
+                if stale.name.startswith(self._temp_prefix) and stale.name.endswith(_TMP_SUFFIX):
+                    stale.unlink()
+
+    def _append_event(self, event: Event) -> None:
+        line = (json.dumps(event.to_json(), separators=(",", ":")) + "\n").encode()
+        with self._events_io:
+            self._check_open()
+            try:
+                self._write_event_line(line)
+            except OSError as exc:
+                raise StateError(f"cannot append to the audit log {self.events_path}: {exc}") from exc
+
+    def _write_event_line(self, line: bytes) -> None:
+        log = self.events_path
+        try:
+            size = log.stat().st_size
+        except FileNotFoundError:
+            size = -1
+        if size > 0 and size + len(line) > self._max_event_bytes:
+            os.replace(log, _rotated(log))
+            size = -1
+        fd = os.open(log, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            # A crash mid-append leaves a line without its newline; end it, or the next event would be glued to it.
+            if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if size < 0:
+            _fsync_folder(log.parent)
+
+    def _read_events(self, model: str | None, limit: int) -> list[Event]:
+        newest_first: list[Event] = []
+        with self._events_io:
+            self._check_open()
+            for log in (self.events_path, _rotated(self.events_path)):
+                if len(newest_first) >= limit:
+                    break
+                newest_first.extend(self._read_log(log, model, limit - len(newest_first)))
+        newest_first.reverse()
+        return newest_first
+
+    def _read_log(self, log: Path, model: str | None, limit: int) -> list[Event]:
+        """Up to ``limit`` events of ``log``, newest first."""
+        try:
+            lines = log.read_bytes().split(b"\n")
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StateError(f"cannot read the audit log {log}: {exc}") from exc
+        found: list[Event] = []
+        for number in range(len(lines) - 1, -1, -1):
+            if len(found) >= limit:
+                break
+            if not lines[number].strip():
+                continue
+            try:
+                data = json.loads(lines[number])
+                if not isinstance(data, dict):
+                    raise TypeError("not an object")
+                event = Event.from_json(data)
+            except (ValueError, TypeError):
+                # A torn line from a crash mid-append; the rest of the log is still good.
+                logger.warning("skipping unreadable line %d of the audit log %s", number + 1, log)
+                continue
+            if model is None or event.model == model:
+                found.append(event)
+        return found
+
+    @property
+    def _temp_prefix(self) -> str:
+        return f".{self.path.name}."
+
+    def _check_open(self) -> None:
+        if self._lock_fd is None:
+            raise RuntimeError(f"the state store at {self.path} is not open; call open() first")
+
+    def _corrupt(self, problem: str) -> StateError:
+        return StateError(
+            f"the state file {self.path} {problem}; the gateway will not guess the routing: fix or remove the file"
+        )
+
+
+def _rotated(log: Path) -> Path:
+    return log.with_name(log.name + ".1")
+
+
+def _fsync_folder(folder: Path) -> None:
+    # A rename or a new file is durable only once its folder's entry is on disk.
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

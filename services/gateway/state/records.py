@@ -1,0 +1,82 @@
+"""What the gateway persists: one routing record per model, and audit events for every version action."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeGuard
+
+
+class StateError(Exception):
+    """The persisted state cannot be read or written; the message names the file (or server) and the cause."""
+
+
+def now_iso() -> str:
+    """UTC wall-clock time with milliseconds, as records and events carry it."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingRecord:
+    """Where a model's unversioned requests go. ``generation`` grows by one with every change."""
+
+    stable: int
+    previous: int | None = None
+    generation: int = 1
+    updated_at: str = field(default_factory=now_iso)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: object) -> RoutingRecord:
+        """Raises ``ValueError`` naming the field when ``data`` is not a routing record."""
+        if not isinstance(data, dict):
+            raise ValueError("a routing record must be a JSON object")
+        stable, previous, generation = data.get("stable"), data.get("previous"), data.get("generation")
+        if not _version(stable):
+            raise ValueError(f"'stable' must be a non-negative integer, got {stable!r}")
+        if previous is not None and not _version(previous):
+            raise ValueError(f"'previous' must be a non-negative integer or null, got {previous!r}")
+        if not _version(generation) or not generation:
+            raise ValueError(f"'generation' must be a positive integer, got {generation!r}")
+        updated_at = data.get("updated_at", "")
+        if not isinstance(updated_at, str):
+            raise ValueError(f"'updated_at' must be a string, got {updated_at!r}")
+        return cls(stable, previous, generation, updated_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One line of the audit log: who did what to which model version, how it went and how long each step took."""
+
+    action: str
+    """``startup``, ``activate``, ``rollback``, ``load``, ``unload``, ``discover``, ``scan``."""
+    model: str
+    result: str
+    """``ok``, ``failed`` or ``unchanged``."""
+    versions: dict[str, int | None] = field(default_factory=dict)
+    """e.g. ``{"from": 1, "to": 2}`` for a switch, ``{"version": 3}`` for a load."""
+    steps: dict[str, float] = field(default_factory=dict)
+    """Seconds per completed step, in the order they ran."""
+    step: str | None = None
+    """The step that failed."""
+    error: str | None = None
+    actor: str | None = None
+    """Who asked: ``token:<fingerprint>`` for an admin call (never the token), ``gateway`` for the gateway itself."""
+    generation: int | None = None
+    """The routing generation after the action."""
+    detail: dict[str, Any] = field(default_factory=dict)
+    """Anything else worth keeping (an output comparison, versions found by a scan)."""
+    time: str = field(default_factory=now_iso)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Event:
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
+
+
+def _version(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -1,0 +1,236 @@
+"""The swap protocol over a scripted backend, through the admin API: activate, rollback, load, unload, their
+failures, one action per model at a time, persisted routing, audit events and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+from asgi_lifespan import LifespanManager
+from prometheus_client import CollectorRegistry
+from scripted_backend import ScriptedBackend
+
+from services.gateway import Settings, create_app
+from services.gateway.types import VersionState
+
+ADMIN = {"Authorization": "Bearer s3cret-admin-token"}
+X = {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
+
+
+@asynccontextmanager
+async def serving(settings: Settings, backend: ScriptedBackend) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings, backend=backend, registry=CollectorRegistry())
+    async with LifespanManager(app) as manager, httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=manager.app), base_url="http://g"
+    ) as http:
+        yield http
+
+
+async def infer(client: httpx.AsyncClient, version: int | None = None) -> httpx.Response:
+    path = "/v2/models/double/infer" if version is None else f"/v2/models/double/versions/{version}/infer"
+    return await client.post(path, json={"inputs": [X]})
+
+
+async def served_version(client: httpx.AsyncClient) -> int:
+    response = await infer(client)
+    assert response.status_code == 200, response.text
+    return int(response.json()["model_version"])
+
+
+async def admin(client: httpx.AsyncClient, path: str, body: object = None) -> httpx.Response:
+    if body is None:
+        return await client.post(f"/admin/models/double{path}", headers=ADMIN)
+    return await client.post(f"/admin/models/double{path}", headers=ADMIN, json=body)
+
+
+async def test_activate_flips_persists_and_reports_each_step_when_the_version_loads(
+    client: httpx.AsyncClient, backend: ScriptedBackend, settings: Settings, registry: CollectorRegistry
+) -> None:
+    backend.factor[2] = 3.0
+    assert await served_version(client) == 1
+    response = await admin(client, "/versions/2/activate")
+    assert response.status_code == 200, response.text
+    report = response.json()
+    assert (report["action"], report["result"], report["versions"]) == ("activate", "ok", {"from": 1, "to": 2})
+    assert list(report["steps"]) == ["load", "warmup", "compare", "flip", "to_flip", "drain", "to_drained"]
+    assert report["routing"]["stable"] == 2
+    assert report["routing"]["previous"] == 1
+    assert report["routing"]["generation"] == 2
+    # Version 2 answers y = 6x where version 1 answers 2x, z alike: the seeded probe rows show it.
+    comparison = report["comparison"]
+    assert (comparison["against"], comparison["max_abs_diff"]["z"]) == (1, 0.0)
+    assert comparison["max_abs_diff"]["y"] > 1.0
+    assert report["drained"] is True
+    assert report["unloaded"] == []  # keep_previous: version 1 stays loaded for an instant rollback
+    assert backend.states == {1: VersionState.READY, 2: VersionState.READY}
+    assert await served_version(client) == 2
+    persisted = json.loads(settings.state_path.read_text())  # type: ignore[union-attr]
+    assert persisted["models"]["double"]["stable"] == 2
+    assert registry.get_sample_value("switchyard_active_version", {"model": "double"}) == 2
+    assert registry.get_sample_value("switchyard_version_switches_total", {"model": "double", "result": "ok"}) == 1
+    assert registry.get_sample_value("switchyard_swap_step_seconds_count", {"model": "double", "step": "load"}) == 1
+    events = (await client.get("/admin/models/double/events", headers=ADMIN)).json()["events"]
+    assert [(e["action"], e["result"]) for e in events] == [("startup", "ok"), ("activate", "ok")]
+    assert events[-1]["actor"].startswith("token:")
+
+
+async def test_activate_is_a_no_op_when_the_version_is_already_stable(client: httpx.AsyncClient) -> None:
+    report = (await admin(client, "/versions/1/activate")).json()
+    assert (report["result"], report["steps"]) == ("unchanged", {})
+
+
+async def test_activate_keeps_the_old_version_serving_when_loading_fails(
+    client: httpx.AsyncClient, backend: ScriptedBackend
+) -> None:
+    backend.broken.add(2)
+    response = await admin(client, "/versions/2/activate")
+    assert response.status_code == 422
+    body = response.json()
+    assert body["step"] == "load"
+    assert "activate of model 'double' version 2 failed at step 'load'" in body["error"]
+    assert "version 1 keeps serving" in body["error"]
+    assert await served_version(client) == 1
+    event = (await client.get("/admin/models/double/events", headers=ADMIN)).json()["events"][-1]
+    assert (event["action"], event["result"], event["step"]) == ("activate", "failed", "load")
+
+
+async def test_activate_unloads_the_new_version_when_its_warm_up_fails(
+    client: httpx.AsyncClient, backend: ScriptedBackend
+) -> None:
+    backend.wrong_rows.add(2)
+    response = await admin(client, "/versions/2/activate")
+    assert response.status_code == 422
+    assert response.json()["step"] == "warmup"
+    assert "output 'y' has shape [2, 4]" in response.json()["error"]
+    assert 2 not in backend.states  # what the swap loaded, it unloaded
+    assert await served_version(client) == 1
+    status = (await client.get("/admin/models/double", headers=ADMIN)).json()
+    assert status["routing"]["stable"] == 1
+    assert status["last_action"]["step"] == "warmup"
+
+
+async def test_activate_answers_404_when_the_version_is_not_in_the_repository(client: httpx.AsyncClient) -> None:
+    response = await admin(client, "/versions/9/activate")
+    assert response.status_code == 404
+    assert "has no version 9 in the repository" in response.json()["error"]
+
+
+async def test_second_action_gets_409_when_a_swap_of_the_model_is_running(
+    client: httpx.AsyncClient, backend: ScriptedBackend
+) -> None:
+    backend.load_delay_s = 0.3
+    first = asyncio.create_task(admin(client, "/versions/2/activate"))
+    await asyncio.sleep(0.1)
+    second = await admin(client, "/rollback")
+    assert second.status_code == 409
+    assert "activate of version 2 is at step 'load'" in second.json()["error"]
+    status = (await client.get("/admin/models/double", headers=ADMIN)).json()
+    assert status["action"]["step"] == "load"
+    assert (await first).status_code == 200
+
+
+async def test_rollback_returns_to_the_previous_version_instantly_when_it_is_still_loaded(
+    client: httpx.AsyncClient, backend: ScriptedBackend
+) -> None:
+    assert (await admin(client, "/rollback")).status_code == 409  # nothing to roll back to yet
+    await admin(client, "/versions/2/activate")
+    loads = list(backend.loads)
+    report = (await admin(client, "/rollback")).json()
+    assert (report["action"], report["versions"]) == ("rollback", {"from": 2, "to": 1})
+    assert backend.loads == loads  # still loaded: no load, no warm-up
+    assert "warmup" not in report["steps"]
+    assert report["routing"]["previous"] == 2
+    assert await served_version(client) == 1
+
+
+async def test_activate_unloads_the_replaced_version_when_keep_previous_is_false(
+    client: httpx.AsyncClient, backend: ScriptedBackend
+) -> None:
+    report = (await admin(client, "/versions/2/activate", {"keep_previous": False})).json()
+    assert report["unloaded"] == [1]
+    assert 1 not in backend.states
+    assert (await infer(client, 1)).status_code == 404
+
+
+async def test_drain_waits_for_requests_on_the_old_version_when_they_are_in_flight(
+    client: httpx.AsyncClient, backend: ScriptedBackend
+) -> None:
+    backend.delay_s = 1.0
+    slow = asyncio.create_task(infer(client))
+    await asyncio.sleep(0.1)
+    backend.delay_s = 0.0
+    report = (await admin(client, "/versions/2/activate", {"keep_previous": False, "compare": False})).json()
+    assert report["drained"] is True
+    assert slow.done()  # the swap waited for it before unloading version 1
+    assert (await slow).json()["model_version"] == "1"  # admitted before the flip, answered by the old version
+
+
+async def test_drain_gives_up_and_reports_what_is_left_when_the_timeout_passes(
+    client: httpx.AsyncClient, backend: ScriptedBackend
+) -> None:
+    backend.delay_s = 3.0
+    slow = asyncio.create_task(infer(client))
+    await asyncio.sleep(0.1)
+    backend.delay_s = 0.0
+    body = {"drain_timeout_s": 0.05, "compare": False}
+    report = (await admin(client, "/versions/2/activate", body)).json()
+    assert (report["drained"], report["in_flight_left"]) == (False, 1)
+    await slow
+
+
+async def test_unload_refuses_the_stable_version_and_unloads_others_when_asked(
+    client: httpx.AsyncClient, backend: ScriptedBackend
+) -> None:
+    refused = await admin(client, "/versions/1/unload")
+    assert refused.status_code == 409
+    assert "is the stable version" in refused.json()["error"]
+    assert (await admin(client, "/versions/2/load")).json()["result"] == "ok"
+    assert (await infer(client, 2)).status_code == 200
+    assert (await admin(client, "/versions/2/unload")).json()["result"] == "ok"
+    assert (await admin(client, "/versions/2/unload")).status_code == 404
+    assert await served_version(client) == 1
+
+
+async def test_options_are_refused_with_400_when_unknown_or_mistyped(client: httpx.AsyncClient) -> None:
+    for body, message in [
+        ({"keep_prev": True}, "unknown option 'keep_prev'"),
+        ({"compare": "yes"}, "option 'compare' must be true or false"),
+        ({"drain_timeout_s": -1}, "must be a number of seconds from 0 to 600"),
+        ([1], "must be a JSON object"),
+    ]:
+        response = await admin(client, "/versions/2/activate", body)
+        assert (response.status_code, message in response.json()["error"]) == (400, True), response.text
+    response = await client.post("/admin/models/double/versions/two/activate", headers=ADMIN)
+    assert response.status_code == 400
+    assert (await client.post("/admin/models/nope/rollback", headers=ADMIN)).status_code == 404
+
+
+async def test_restarted_gateway_serves_the_persisted_routing_when_it_starts_again(
+    backend: ScriptedBackend, settings: Settings
+) -> None:
+    async with serving(settings, backend) as http:
+        await admin(http, "/versions/2/activate")
+    restarted = ScriptedBackend(states={1: VersionState.READY, 2: VersionState.READY})
+    async with serving(settings, restarted) as http:
+        status = (await http.get("/admin/models/double", headers=ADMIN)).json()
+        assert (status["routing"]["stable"], status["routing"]["previous"]) == (2, 1)
+        assert await served_version(http) == 2
+
+
+async def test_scan_lists_a_version_exported_while_running_and_does_not_serve_it(
+    client: httpx.AsyncClient, settings: Settings
+) -> None:
+    version_dir = Path(settings.repository) / "double" / "3"
+    version_dir.mkdir()
+    (version_dir / "model.onnx").write_bytes(b"")
+    scan = (await client.post("/admin/repository/scan", headers=ADMIN)).json()
+    assert scan["new_versions"] == {"double": [3]}
+    status = (await client.get("/admin/models/double", headers=ADMIN)).json()
+    assert status["available"] == [1, 2, 3]
+    assert 3 not in [v["version"] for v in status["loaded"]]
+    assert await served_version(client) == 1
+    assert (await infer(client, 3)).status_code == 404

@@ -1,0 +1,90 @@
+"""``switchyard serve`` in a child process on free ports: the topology users run (clients and gateway do not share
+an interpreter), and one a test can SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from services.tritonlocal import free_port
+
+
+@dataclass
+class GatewayProcess:
+    command: list[str]
+    env: dict[str, str]
+    log: Path
+    http_port: int = field(default_factory=free_port)
+    grpc_port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        """Start it and wait until ``/v2/health/ready`` answers 200 (same ports on every start)."""
+        command = [*self.command, "--port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
+        with self.log.open("ab") as output:
+            self.process = subprocess.Popen(command, env=self.env, stdout=output, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if httpx.get(f"http://{self.http_url}/v2/health/ready", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"the gateway did not get ready; its log:\n{self.log.read_text()[-4000:]}")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        """SIGKILL, as an OOM kill or a node loss would."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+        if self.process is not None:
+            self.process.wait(30)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@contextmanager
+def gateway_process(
+    repository: Path, work: Path, *, token: str, options: tuple[str, ...] = (), **settings: str
+) -> Iterator[GatewayProcess]:
+    """``options`` go to ``switchyard serve``; ``settings`` become ``SWITCHYARD_<NAME>`` variables."""
+    switchyard = Path(sys.executable).with_name("switchyard")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_")}
+    env.update(
+        SWITCHYARD_ADMIN_TOKEN=token,
+        SWITCHYARD_STATE_PATH=str(work / "state" / "routing.json"),
+        SWITCHYARD_REPOSITORY_POLL_S="0",
+    )
+    env.update({f"SWITCHYARD_{name.upper()}": value for name, value in settings.items()})
+    gateway = GatewayProcess([str(switchyard), "serve", "--repository", str(repository), *options], env,
+                             work / "gateway.log")
+    gateway.start()
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
