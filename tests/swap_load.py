@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from examples import models
+
 TOKEN = "swap-test-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 # Each switch: (admin path, body). Two of them load a version that an earlier one unloaded.
@@ -142,3 +144,32 @@ async def switch_under_load(
         stop.set()
         await asyncio.gather(*workers)
     return run
+
+
+async def light_load(http_url: str, stop: asyncio.Event, answers: list[int]) -> None:
+    """Four clients sending unversioned mlp requests until ``stop``; ``answers`` collects the status codes."""
+    features = models.mlp_inputs(1, seed=5).numpy().ravel().tolist()
+    body = {"inputs": [{"name": "features", "shape": [1, 32], "datatype": "FP32", "data": features}]}
+    async with httpx.AsyncClient(base_url=f"http://{http_url}", timeout=30.0) as http:
+
+        async def client() -> None:
+            while not stop.is_set():
+                answers.append((await http.post("/v2/models/mlp/infer", json=body)).status_code)
+
+        await asyncio.gather(*(client() for _ in range(4)))
+
+
+async def activate_under_light_load(
+    http_url: str, token: str, model: str, version: int
+) -> tuple[httpx.Response, list[int]]:
+    """Activate ``version`` of the mlp while ``light_load`` runs; the admin answer and every request's status."""
+    stop, answers = asyncio.Event(), []
+    load = asyncio.create_task(light_load(http_url, stop, answers))
+    await asyncio.sleep(0.3)
+    async with httpx.AsyncClient(base_url=f"http://{http_url}", timeout=60.0) as http:
+        headers = {"Authorization": f"Bearer {token}"}
+        response = await http.post(f"/admin/models/{model}/versions/{version}/activate", headers=headers)
+    await asyncio.sleep(0.3)
+    stop.set()
+    await load
+    return response, answers

@@ -40,6 +40,10 @@ def triton_command(
         ),
     ] = None,
     log_file: Annotated[Path | None, typer.Option(help="Write the server's log here instead of the terminal.")] = None,
+    sync_interval: Annotated[
+        float,
+        typer.Option(help="Seconds between updates of the derived repository (new exports become loadable); 0: off."),
+    ] = 2.0,
 ) -> None:
     """Start Triton (CPU, python backend) from the nvidia-pytriton wheel in explicit model-control mode."""
     from services.tritonlocal.server import LocalTriton  # only this command needs the launcher
@@ -63,6 +67,8 @@ def triton_command(
     started = time.monotonic()
     try:
         server.start()
+        if sync_interval > 0:
+            server.follow(sync_interval)
         console.print(
             f"[green]tritonserver ready[/green] in {time.monotonic() - started:.1f} s, pid {server.pid}\n"
             f"  HTTP     http://{server.http_url}\n  gRPC     {server.grpc_url}\n  metrics  {server.metrics_url}\n"

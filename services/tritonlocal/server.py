@@ -24,6 +24,7 @@ from services.modelrepo.config import select_versions
 from services.tritonlocal.control import run_control
 from services.tritonlocal.derive import DerivedRepository, build_derived_repository
 from services.tritonlocal.errors import TritonLocalError, TritonStartError
+from services.tritonlocal.follow import Follower
 from services.tritonlocal.install import TritonInstall
 from services.tritonlocal.processes import HOST, check_ports_free, digest, free_port, live, reap_group
 
@@ -83,6 +84,7 @@ class LocalTriton:
         self._process: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._repository: DerivedRepository | None = None
+        self._follower: Follower | None = None
 
     # -- addresses -----------------------------------------------------------------------------------------
     @property
@@ -189,6 +191,13 @@ class LocalTriton:
             self.kill()
             raise
 
+    def follow(self, interval_s: float) -> None:
+        """Rebuild the derived repository every ``interval_s`` until ``stop()``: versions and models exported into
+        the source repository while the server runs become loadable (a production Triton reads the repository
+        itself; this build serves a derived copy)."""
+        if self._follower is None:
+            self._follower = Follower(self.build, interval_s)
+
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -210,6 +219,9 @@ class LocalTriton:
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after ``stop_timeout_s``; returns the exit code (``None`` if never started)."""
+        if self._follower is not None:
+            self._follower.stop()
+            self._follower = None
         process = self._process
         if process is None:
             return None

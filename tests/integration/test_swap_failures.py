@@ -18,6 +18,7 @@ from onnx import TensorProto, helper
 from examples import models
 from exporter import export
 from tests.gateway_process import GatewayProcess, gateway_process
+from tests.swap_load import activate_under_light_load
 
 TOKEN = "failure-test-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -44,31 +45,6 @@ def wrong_rows_graph() -> onnx.ModelProto:
     return model
 
 
-async def light_load(http_url: str, stop: asyncio.Event, answers: list[int]) -> None:
-    """Four clients sending unversioned mlp requests until ``stop``; ``answers`` collects the status codes."""
-    features = models.mlp_inputs(1, seed=5).numpy().ravel().tolist()
-    body = {"inputs": [{"name": "features", "shape": [1, 32], "datatype": "FP32", "data": features}]}
-    async with httpx.AsyncClient(base_url=f"http://{http_url}", timeout=30.0) as http:
-
-        async def client() -> None:
-            while not stop.is_set():
-                answers.append((await http.post("/v2/models/mlp/infer", json=body)).status_code)
-
-        await asyncio.gather(*(client() for _ in range(4)))
-
-
-async def activate_under_light_load(gateway: GatewayProcess, version: int) -> tuple[httpx.Response, list[int]]:
-    stop, answers = asyncio.Event(), []
-    load = asyncio.create_task(light_load(gateway.http_url, stop, answers))
-    await asyncio.sleep(0.3)
-    async with httpx.AsyncClient(base_url=f"http://{gateway.http_url}", timeout=60.0) as http:
-        response = await http.post(f"/admin/models/mlp/versions/{version}/activate", headers=ADMIN)
-    await asyncio.sleep(0.3)
-    stop.set()
-    await load
-    return response, answers
-
-
 def last_event(gateway: GatewayProcess) -> dict[str, object]:
     events = httpx.get(f"http://{gateway.http_url}/admin/models/mlp/events", headers=ADMIN).json()["events"]
     return dict(events[-1])
@@ -82,7 +58,7 @@ async def test_activate_fails_at_load_and_serving_continues_when_the_model_file_
     shutil.copytree(root / "mlp" / "2", root / "mlp" / "3")
     (root / "mlp" / "3" / "model.onnx").write_bytes(b"\x08\x07 this is not an onnx graph")
     with gateway_process(root, tmp_path, token=TOKEN) as gateway:
-        response, answers = await activate_under_light_load(gateway, 3)
+        response, answers = await activate_under_light_load(gateway.http_url, TOKEN, "mlp", 3)
         assert response.status_code == 422, response.text
         assert response.json()["step"] == "load"
         assert "version 2 keeps serving" in response.json()["error"]
@@ -106,7 +82,7 @@ async def test_activate_fails_at_warmup_and_unloads_the_version_when_its_answers
         status = httpx.get(f"http://{gateway.http_url}/admin/models/mlp", headers=ADMIN).json()
         assert status["routing"]["stable"] == 2
         assert 3 not in [v["version"] for v in status["loaded"]]
-        response, answers = await activate_under_light_load(gateway, 3)
+        response, answers = await activate_under_light_load(gateway.http_url, TOKEN, "mlp", 3)
         assert response.status_code == 422, response.text
         body = response.json()
         assert body["step"] == "warmup"

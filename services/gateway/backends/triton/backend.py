@@ -260,13 +260,26 @@ class TritonBackend:
         wanted = set(self._wanted[model])
         try:
             await self._apply(model, wanted)
+            return
         except BackendUnavailable as exc:
             log.warning("%s", exc)  # Triton went away again: the next probe retries
-        except GatewayError as exc:  # one broken model must not keep the others from serving
-            self._record_failures(model, wanted, exc)
-            failed = set(self._failures[model]) & wanted
-            self._wanted[model] = wanted - failed
-            log.error("model '%s' version(s) %s unavailable: %s", model, sorted(failed), exc)
+            return
+        except GatewayError:
+            pass
+        # Triton fails a whole model whose cold load has one bad version (a loaded model keeps serving when a
+        # version added to it fails): find the bad ones by loading the versions one at a time.
+        good: set[int] = set()
+        for version in sorted(wanted):
+            try:
+                await self._apply(model, good | {version})
+                good.add(version)
+            except BackendUnavailable as exc:
+                log.warning("%s", exc)
+                return
+            except GatewayError as exc:  # one broken version must not keep the others from serving
+                self._record_failures(model, {version}, exc)
+                log.error("model '%s' version %d unavailable: %s", model, version, exc)
+        self._wanted[model] = good
 
     def _update_states(self, index: RepositoryIndex) -> None:
         for model, wanted in self._wanted.items():
