@@ -7,7 +7,7 @@ SY := $(BIN)/switchyard
 REPO ?= model_repository
 PACKAGES := exporter services examples
 
-.PHONY: install triton-install triton models serve test lint typecheck pytest bench clean-models
+.PHONY: install triton-install triton models zoo serve test lint typecheck pytest bench clean-models
 
 install: $(VENV)/.installed triton-install
 
@@ -30,6 +30,10 @@ triton: install
 # Versions 1 and 2 of each example (v2 has other weights); existing versions are kept, so this is idempotent.
 models: install
 	$(BIN)/python -m examples.export_examples --repository $(REPO)
+
+# Every zoo model (examples/zoo) in both formats into a throwaway repository; prints the README's zoo table.
+zoo: install
+	$(BIN)/python -m examples.zoo
 
 serve: install
 	@if [ -z "$$(ls -d $(REPO)/*/ 2>/dev/null)" ]; then $(MAKE) --no-print-directory models; fi

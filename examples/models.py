@@ -6,8 +6,12 @@ answers differently from version 1, which is what a hot version switch must be s
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 from torch import nn
+
+M = TypeVar("M", bound=nn.Module)
 
 CLASSIFIER_INPUT = "image"
 CLASSIFIER_SHAPE = (3, 64, 64)
@@ -73,7 +77,9 @@ class MLP(nn.Module):
         return {"logits": logits, "probabilities": torch.softmax(logits, dim=-1)}
 
 
-def _seeded(module: nn.Module, seed: int) -> nn.Module:
+def seeded(module: M, seed: int) -> M:
+    """Overwrite every floating parameter and buffer from ``seed`` (matrices scaled by fan-in, vectors near 1),
+    so the weights do not depend on torch's global generator; returns the module in eval mode."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for tensor in list(module.parameters()) + list(module.buffers()):
@@ -87,19 +93,19 @@ def _seeded(module: nn.Module, seed: int) -> nn.Module:
 
 
 def build_classifier() -> nn.Module:
-    return _seeded(Classifier(), seed=1)
+    return seeded(Classifier(), seed=1)
 
 
 def build_classifier_v2() -> nn.Module:
-    return _seeded(Classifier(), seed=2)
+    return seeded(Classifier(), seed=2)
 
 
 def build_mlp() -> nn.Module:
-    return _seeded(MLP(), seed=11)
+    return seeded(MLP(), seed=11)
 
 
 def build_mlp_v2() -> nn.Module:
-    return _seeded(MLP(), seed=12)
+    return seeded(MLP(), seed=12)
 
 
 def classifier_inputs(batch: int = 4, seed: int = 0) -> torch.Tensor:

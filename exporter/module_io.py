@@ -77,9 +77,11 @@ def prepare(
     _refuse_fake_quant(module)
     notes: list[str] = []
     keyword = isinstance(example_inputs, Mapping)
-    names, examples = _normalise_examples(example_inputs, input_names, notes)
+    params = _forward_parameters(module)
+    names, examples = _normalise_examples(example_inputs, input_names, _positional_names(params), notes)
     _refuse_mixed_devices(module, examples)
-    _check_signature(module, names, keyword)
+    if params is not None:
+        _check_signature(params, names, keyword)
     flat = FlatModule(module, names if keyword else None)
     outputs, tree = _run_eager(flat, module, examples)
     out_names = _output_names(tree, len(outputs), output_names)
@@ -88,7 +90,7 @@ def prepare(
 
 
 def _normalise_examples(
-    example_inputs: ExampleInputs, input_names: Sequence[str] | None, notes: list[str]
+    example_inputs: ExampleInputs, input_names: Sequence[str] | None, positional: Sequence[str], notes: list[str]
 ) -> tuple[tuple[str, ...], tuple[torch.Tensor, ...]]:
     if isinstance(example_inputs, torch.Tensor):
         pairs: list[tuple[str | None, Any]] = [(None, example_inputs)]
@@ -109,7 +111,7 @@ def _normalise_examples(
                 f"input_names has {len(input_names)} names but there are {len(pairs)} example inputs"
             )
         pairs = [(n, t) for n, (_, t) in zip(input_names, pairs, strict=True)]
-    names = tuple(n if n is not None else f"input__{i}" for i, (n, _) in enumerate(pairs))
+    names = tuple(n if n is not None else _default_input_name(i, positional) for i, (n, _) in enumerate(pairs))
     for n in names:
         validate_tensor_name(n)
     if len(set(names)) != len(names):
@@ -164,12 +166,27 @@ def _refuse_mixed_devices(module: nn.Module, examples: tuple[torch.Tensor, ...])
         )
 
 
-def _check_signature(module: nn.Module, names: tuple[str, ...], keyword: bool) -> None:
+def _forward_parameters(module: nn.Module) -> list[inspect.Parameter] | None:
     try:
-        params = list(inspect.signature(module.forward).parameters.values())
+        return list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):  # builtins and some compiled modules have no signature
-        return
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return None
+
+
+def _positional_names(params: list[inspect.Parameter] | None) -> list[str]:
+    return [p.name for p in params or () if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _default_input_name(index: int, positional: Sequence[str]) -> str:
+    """forward's own parameter name, so that ``dynamic_axes`` and clients use the names the model's author
+    knows; ``input__<i>`` past the named parameters (``*args``) and for non-ASCII names (not servable)."""
+    if index < len(positional) and positional[index].isascii():
+        return positional[index]
+    return f"input__{index}"
+
+
+def _check_signature(params: list[inspect.Parameter], names: tuple[str, ...], keyword: bool) -> None:
+    positional = _positional_names(params)
     var_positional = any(p.kind == p.VAR_POSITIONAL for p in params)
     var_keyword = any(p.kind == p.VAR_KEYWORD for p in params)
     if not keyword and not positional and not var_positional and var_keyword:

@@ -36,6 +36,8 @@ class OutputParity:
 class ParityReport:
     batch_sizes: tuple[int, ...]
     checks: tuple[OutputParity, ...]
+    input_shapes: tuple[tuple[tuple[int, ...], ...], ...] = ()
+    """Per batch size, the shape of each input fed: dynamic axes other than the batch axis differ between them."""
 
     @property
     def passed(self) -> bool:
@@ -56,6 +58,7 @@ class ParityReport:
             "max_abs_error": self.max_abs_error,
             "max_rel_error": self.max_rel_error,
             "checks": [asdict(c) for c in self.checks],
+            "input_shapes": [[list(shape) for shape in step] for step in self.input_shapes],
         }
 
     def failures_text(self) -> str:
@@ -108,10 +111,12 @@ def check_parity(
     """``dynamic_dims`` (input name -> non-batch axes) are resized too, differently at each batch size."""
     generator = torch.Generator().manual_seed(seed)
     checks: list[OutputParity] = []
+    shapes: list[tuple[tuple[int, ...], ...]] = []
     dims = dynamic_dims or {}
     for step, batch in enumerate(batch_sizes):
         inputs = tuple(random_like(t, batch, generator, dims.get(name, ()), grow=step)
                        for name, t in zip(prepared.input_names, prepared.examples, strict=True))
+        shapes.append(tuple(tuple(t.shape) for t in inputs))
         with torch.no_grad():
             expected = prepared.flat(*inputs)
         for name, ref in zip(prepared.output_names, expected, strict=True):
@@ -123,7 +128,7 @@ def check_parity(
         got = run_exported(inputs)
         for name, ref, out in zip(prepared.output_names, expected, got, strict=True):
             checks.append(_compare(name, batch, ref, out, atol, rtol))
-    report = ParityReport(tuple(batch_sizes), tuple(checks))
+    report = ParityReport(tuple(batch_sizes), tuple(checks), tuple(shapes))
     if not report.passed:
         raise ParityError(
             f"the exported model does not match eager PyTorch: {report.failures_text()}. "

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import torch
 
+from exporter.errors import InvalidSpecError
 from exporter.module_io import PreparedModel
 from exporter.specs import TensorSpec
 from exporter.torch2onnx import DynamicAxes
@@ -16,6 +17,13 @@ def served_names(prepared: PreparedModel, fmt: str) -> tuple[tuple[str, ...], tu
         # Triton's libtorch backend binds tensors by position through the INPUT__i / OUTPUT__i names.
         return (tuple(f"INPUT__{i}" for i in range(len(prepared.input_names))),
                 tuple(f"OUTPUT__{i}" for i in range(len(prepared.output_names))))
+    shared = sorted(set(prepared.input_names) & set(prepared.output_names))
+    if shared:
+        # ONNX names every value once in a graph; onnxruntime would refuse the file as "Duplicate definition".
+        raise InvalidSpecError(
+            f"{shared} would name both an input and an output, and an ONNX graph needs distinct names: pass "
+            "input_names=[...] or output_names=[...] to rename one side"
+        )
     return prepared.input_names, prepared.output_names
 
 

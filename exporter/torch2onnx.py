@@ -17,6 +17,7 @@ import torch
 from torch.export import Dim
 
 from exporter.errors import DynamicBatchError, ExportError, UnsupportedOperatorError
+from exporter.isolation import fresh_torch_state
 from exporter.module_io import PreparedModel
 
 DYNAMO = "torch.onnx.dynamo"
@@ -42,18 +43,19 @@ def export_onnx(
 ) -> OnnxArtifact:
     extra_axes = _normalise_axes(prepared, dynamic_axes)
     examples = _at_least_two_rows(prepared.examples)
-    try:
-        _export_dynamo(prepared, examples, path, max_batch_size, extra_axes, opset)
-        exporter, fallback_reason = DYNAMO, None
-    except DynamicBatchError:
-        raise
-    except Exception as dynamo_error:
-        fallback_reason = _summary(dynamo_error)
+    with fresh_torch_state():
         try:
-            _export_torchscript(prepared, examples, path, extra_axes, opset)
-        except Exception as legacy_error:
-            raise _explain(dynamo_error, legacy_error) from legacy_error
-        exporter = TORCHSCRIPT_ONNX
+            _export_dynamo(prepared, examples, path, max_batch_size, extra_axes, opset)
+            exporter, fallback_reason = DYNAMO, None
+        except DynamicBatchError:
+            raise
+        except Exception as dynamo_error:
+            fallback_reason = _summary(dynamo_error)
+            try:
+                _export_torchscript(prepared, examples, path, extra_axes, opset)
+            except Exception as legacy_error:
+                raise _explain(dynamo_error, legacy_error) from legacy_error
+            exporter = TORCHSCRIPT_ONNX
     model = onnx.load(str(path), load_external_data=False)
     _check_batch_axes(model)
     opset_used = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

@@ -14,6 +14,7 @@ import torch
 from torch.jit._trace import TracerWarning
 
 from exporter.errors import ExportError
+from exporter.isolation import fresh_torch_state
 from exporter.module_io import FlatModule, PreparedModel
 
 SCRIPT = "torch.jit.script"
@@ -29,6 +30,11 @@ class TorchScriptArtifact:
 
 
 def export_torchscript(prepared: PreparedModel, path: Path) -> TorchScriptArtifact:
+    with fresh_torch_state():
+        return _script_or_trace(prepared, path)
+
+
+def _script_or_trace(prepared: PreparedModel, path: Path) -> TorchScriptArtifact:
     inner = prepared.flat.inner
     script_error: str | None = None
     try:

@@ -136,7 +136,7 @@ def test_export_flattens_list_outputs_into_named_outputs_in_order(repo: Path) ->
     assert [o.name for o in result.outputs] == ["output__0", "output__1"]
     session = ort.InferenceSession(str(result.model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
     x = np.ones((3, 5), np.float32)
-    plus_one, times_two = session.run(["output__0", "output__1"], {"input__0": x})
+    plus_one, times_two = session.run(["output__0", "output__1"], {"x": x})
     np.testing.assert_allclose(plus_one, x + 1)
     np.testing.assert_allclose(times_two, x * 2)
 
