@@ -111,6 +111,36 @@ class AdminClient:
         options = _given(drain_timeout_s=drain_timeout_s)
         return self._call("POST", f"{_model_path(model)}/versions/{version}/unload", body=options)
 
+    # -- traffic policies: ``None`` for the version clears the policy --------------------------------------------
+    def traffic(
+        self,
+        model: str,
+        canary: int | None,
+        weight: float | None = None,
+        *,
+        sticky_header: str | None = None,
+        max_error_rate: float | None = None,
+        max_p99_ratio: float | None = None,
+        window_s: float | None = None,
+        min_requests: int | None = None,
+        promote_after_s: float | None = None,
+    ) -> JSONObject:
+        """Sends what is given; the rollback object only when one of its fields is."""
+        body: JSONObject = {"canary": canary}
+        if canary is not None:
+            rollback = _given(
+                max_error_rate=max_error_rate, max_p99_ratio=max_p99_ratio, window_s=window_s, min_requests=min_requests
+            )
+            body |= _given(weight=weight, sticky_header=sticky_header, promote_after_s=promote_after_s)
+            body |= {"rollback": rollback} if rollback else {}
+        return self._call("PUT", f"{_model_path(model)}/traffic", body=body)
+
+    def shadow(self, model: str, version: int | None, sample: float | None = None) -> JSONObject:
+        body: JSONObject = {"version": version}
+        if version is not None:
+            body |= _given(sample=sample)
+        return self._call("PUT", f"{_model_path(model)}/shadow", body=body)
+
     def scan(self) -> JSONObject:
         return self._call("POST", "/admin/repository/scan")
 

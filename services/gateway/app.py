@@ -26,7 +26,9 @@ from services.gateway.repository import Catalog, RepositoryError
 from services.gateway.rest import Endpoints, add_routes
 from services.gateway.routing import Router
 from services.gateway.settings import Settings
-from services.gateway.state import FileStateStore, default_state_path
+from services.gateway.shadow import ShadowRunner
+from services.gateway.state import FileStateStore, RedisStateStore, StateStore, default_state_path
+from services.gateway.traffic import TrafficWindows
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +62,16 @@ def state_path(settings: Settings) -> Path:
     return path
 
 
+def state_store(settings: Settings) -> StateStore:
+    if settings.redis_url:
+        return RedisStateStore(settings.redis_url, prefix=settings.redis_prefix, lock_ttl_s=settings.redis_lock_ttl_s)
+    return FileStateStore(state_path(settings))
+
+
 async def preflight(settings: Settings) -> None:
     """What would stop the lifespan, checked before the server starts so that it fails with one clear line
-    (``RepositoryError`` / ``StateError``) rather than a traceback: the state file's place, lock and content."""
-    store = FileStateStore(state_path(settings))
+    (``RepositoryError`` / ``StateError``) rather than a traceback: the state store's place, lock and content."""
+    store = state_store(settings)
     await store.open()
     try:
         await store.load_routing()
@@ -85,9 +93,10 @@ def create_app(
     if backend is None:
         backend = build_backend(settings, catalog, metrics, config_transform)
     router, leases = Router(catalog, backend), Leases(metrics)
-    store = FileStateStore(state_path(settings))
-    manager = VersionManager(settings, catalog, backend, router, leases, store, metrics)
-    dataplane = DataPlane(catalog, backend, router, leases, metrics)
+    store = state_store(settings)
+    windows, shadows = TrafficWindows(), ShadowRunner(backend, leases, metrics, settings.shadow_max_pending)
+    manager = VersionManager(settings, catalog, backend, router, leases, store, metrics, windows, shadows)
+    dataplane = DataPlane(catalog, backend, router, leases, metrics, windows, shadows)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -18,7 +18,9 @@ from services.gateway.errors import DeadlineExceeded, GatewayError, ModelNotRead
 from services.gateway.leases import Leases
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.repository import Catalog
-from services.gateway.routing import Router
+from services.gateway.routing import Header, Router
+from services.gateway.shadow import ShadowRunner
+from services.gateway.traffic import TrafficWindows
 from services.gateway.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
 from services.gateway.validation import validate
 
@@ -30,13 +32,22 @@ EXTENSIONS = ("binary_tensor_data", "model_configuration")
 
 class DataPlane:
     def __init__(
-        self, catalog: Catalog, backend: Backend, router: Router, leases: Leases, metrics: GatewayMetrics
+        self,
+        catalog: Catalog,
+        backend: Backend,
+        router: Router,
+        leases: Leases,
+        metrics: GatewayMetrics,
+        windows: TrafficWindows,
+        shadows: ShadowRunner,
     ) -> None:
         self.catalog = catalog
         self.backend = backend
         self.router = router
         self.leases = leases
         self.metrics = metrics
+        self.windows = windows
+        self.shadows = shadows
 
     async def live(self) -> bool:
         """The gateway answering is its liveness. A dead backend makes it unready, not dead: a liveness
@@ -83,12 +94,14 @@ class DataPlane:
     async def model_config(self, model: str, version: int | None) -> model_config_pb2.ModelConfig:
         return await self.backend.config(model, self.resolve(model, version))
 
-    async def infer(self, request: InferRequest, *, protocol: str) -> InferResponse:
+    async def infer(self, request: InferRequest, *, protocol: str, header: Header | None = None) -> InferResponse:
+        """``header`` reads the request's headers (gRPC: metadata), for a sticky canary split."""
         started = time.perf_counter()
         model = request.model
         version_label = "" if request.version is None else str(request.version)
+        watched = request.version is None and model in self.windows.watched
         try:
-            version = self.router.route(model, request.version)
+            version = self.router.route(model, request.version, header)
             version_label = str(version)
             # Admitted: from here until the answer is ready the version cannot be drained away.
             self.leases.acquire(model, version)
@@ -100,15 +113,26 @@ class DataPlane:
             response.outputs = self._select(request, response)
         except GatewayError as exc:
             self.record_error(model, version_label, protocol, exc)
+            if version_label:
+                exc.version = int(version_label)
+            if watched and version_label:
+                self.windows.observe(model, int(version_label), exc.status, time.perf_counter() - started)
             raise
         except Exception as exc:  # a bug, not the client's fault: log it, leak nothing
             log.exception("unexpected error serving model '%s'", model)
             error = GatewayError("internal server error", 500)
             self.record_error(model, version_label, protocol, error)
             raise error from exc
+        elapsed = time.perf_counter() - started
         series = self.metrics.served(model, version_label, protocol)
         series.ok.inc()
-        series.duration.observe(time.perf_counter() - started)
+        series.duration.observe(elapsed)
+        if request.version is None:
+            if watched:
+                self.windows.observe(model, version, 200, elapsed)
+            record = self.router.record(model)
+            if record is not None and record.shadow is not None and version == record.stable:
+                self.shadows.offer(record.shadow, request, response)
         return response
 
     def record_error(self, model: str, version: str, protocol: str, error: GatewayError) -> None:

@@ -11,6 +11,8 @@ class GatewayError(Exception):
     """Label for ``switchyard_rejected_total`` when the gateway (not the model) turned the request away."""
     retry_after_s: int | None = None
     """Seconds after which a retry may succeed (sent as ``Retry-After``); None: no hint."""
+    version: int | None = None
+    """The model version the request was routed to, when it got that far (sent as ``X-Model-Version``)."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)

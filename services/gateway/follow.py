@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.gateway.errors import GatewayError
 from services.gateway.progress import GATEWAY
+from services.gateway.reports import finish
 from services.gateway.state import Event, RoutingRecord
 from services.gateway.types import VersionState
 
@@ -62,10 +63,10 @@ async def _introduce(manager: VersionManager, model: str, actor: str) -> dict[st
                 log.error("model '%s' version %d: %s", model, version, exc)
         ready = [v for v in entry.selected if manager.backend.state(model, v) is VersionState.READY]
         if not ready:
-            report = await manager.finish(steps, "failed", {}, actor, error=manager.router.problem(model))
+            report = await finish(manager, steps, "failed", {}, actor, error=manager.router.problem(model))
             return {"problem": report.error}
-        routed = RoutingRecord(stable=max(ready))
+        routed = RoutingRecord(stable=max(ready), loaded=manager.loaded_now(model))
         await manager.store.save_routing(model, routed)
         manager.set_routing(model, routed)
-        await manager.finish(steps, "ok", {"stable": routed.stable}, actor, generation=routed.generation)
+        await finish(manager, steps, "ok", {"stable": routed.stable}, actor, generation=routed.generation)
         return {"stable": routed.stable, "loaded": ready}

@@ -5,22 +5,29 @@ What loads at startup is in ``startup``, how the repository is followed in ``fol
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
+import socket
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
 from services.gateway.backends.base import Backend
-from services.gateway.errors import BackendUnavailable, Conflict, GatewayError, ModelNotFound, SwapFailed
+from services.gateway.errors import BackendUnavailable, Conflict, GatewayError, ModelNotFound
 from services.gateway.follow import poll, scan_repository
 from services.gateway.leases import Leases
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.progress import GATEWAY, ActionReport, Progress, Steps
+from services.gateway.replicas import catch_up, follow
+from services.gateway.reports import failed, finish
 from services.gateway.repository import Catalog
 from services.gateway.routing import Router
 from services.gateway.settings import Settings
+from services.gateway.shadow import ShadowRunner
 from services.gateway.startup import start_models
-from services.gateway.state import Event, RoutingRecord, StateError, StateStore
+from services.gateway.state import Event, RoutingRecord, StateBusy, StateError, StateStore
+from services.gateway.traffic import TrafficWindows, watch_canaries
 from services.gateway.types import VersionState
 from services.gateway.warmup import WarmedUp, WarmupError, compare_versions, warm_up
 
@@ -37,8 +44,12 @@ class VersionManager:
         leases: Leases,
         store: StateStore,
         metrics: GatewayMetrics,
+        windows: TrafficWindows,
+        shadows: ShadowRunner,
     ) -> None:
         self.settings = settings
+        self.windows = windows
+        self.shadows = shadows
         self.catalog = catalog
         self.backend = backend
         self.router = router
@@ -49,7 +60,7 @@ class VersionManager:
         self.progress: dict[str, Progress] = {}
         """The action running on each model now (the CLI's live view polls it)."""
         self.last: dict[str, ActionReport] = {}
-        self._poller: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -57,17 +68,20 @@ class VersionManager:
         await self.store.open()
         await start_models(self)
         if self.settings.repository_poll_s > 0:
-            self._poller = asyncio.create_task(poll(self), name="repository-poll")
+            self._tasks.append(asyncio.create_task(poll(self), name="repository-poll"))
+        self._tasks.append(asyncio.create_task(watch_canaries(self), name="canary-watch"))
+        self._tasks.append(asyncio.create_task(self.store.watch(self._followed), name="routing-watch"))
 
     async def scan(self, *, actor: str = GATEWAY) -> dict[str, Any]:
         """Read the repository again (``follow``): new models load and route, new versions are only listed."""
         return await scan_repository(self, actor)
 
     async def close(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            await asyncio.gather(self._poller, return_exceptions=True)
-            self._poller = None
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self.shadows.close()
         await self.store.close()
 
     # -- actions --------------------------------------------------------------------------------------------
@@ -103,12 +117,13 @@ class VersionManager:
     async def load(self, model: str, version: int, *, actor: str = GATEWAY) -> ActionReport:
         async with self.exclusive(model, "load", version) as steps:
             if self.backend.state(model, version) is VersionState.READY:
-                return await self.finish(steps, "unchanged", {"version": version}, actor)
+                return await finish(self, steps, "unchanged", {"version": version}, actor)
             try:
                 await self.prepare(model, version, steps)
+                await self.note_loaded(model)
             except GatewayError as exc:
-                raise await self.failed(steps, exc, {"version": version}, actor, None) from None
-            return await self.finish(steps, "ok", {"version": version}, actor)
+                raise await failed(self, steps, exc, {"version": version}, actor, None) from None
+            return await finish(self, steps, "ok", {"version": version}, actor)
 
     async def unload(
         self, model: str, version: int, *, drain_timeout_s: float | None = None, actor: str = GATEWAY
@@ -126,10 +141,11 @@ class VersionManager:
             try:
                 async with steps.run("unload"):
                     await self.backend.unload(model, version)
+                await self.note_loaded(model)
             except GatewayError as exc:
-                raise await self.failed(steps, exc, {"version": version}, actor, None) from None
+                raise await failed(self, steps, exc, {"version": version}, actor, None) from None
             self.router.note(model, version, None)
-            report = await self.finish(steps, "ok", {"version": version}, actor)
+            report = await finish(self, steps, "ok", {"version": version}, actor)
             return report.but(drained=drained, in_flight_left=self.leases.count(model, version))
 
     # -- the swap protocol ----------------------------------------------------------------------------------
@@ -148,7 +164,7 @@ class VersionManager:
         versions = {"from": old, "to": version}
         if old == version:
             self.metrics.version_switches.labels(model, "unchanged").inc()
-            return await self.finish(steps, "unchanged", versions, actor)
+            return await finish(self, steps, "unchanged", versions, actor)
         comparison = None
         warmed: WarmedUp | None = None
         try:
@@ -159,9 +175,9 @@ class VersionManager:
                         self.backend, self.catalog.entry(model), version, old, warmed, self.settings.warmup_timeout_s
                     )
             async with steps.run("flip"):
-                routed = RoutingRecord(
-                    stable=version, previous=old, generation=record.generation + 1 if record is not None else 1
-                )
+                routed = record.switched_to(version) if record is not None else RoutingRecord(stable=version)
+                dropped = {old} if old is not None and not keep_previous else set()
+                routed = dataclasses.replace(routed, loaded=self.loaded_now(model, plus={version}, minus=dropped))
                 try:
                     await self.store.save_routing(model, routed)  # durable first: a crash now keeps either routing
                 except StateError as exc:
@@ -171,7 +187,7 @@ class VersionManager:
             if warmed is not None and self.backend.state(model, version) is not None:
                 await self.quietly(self.backend.unload(model, version), f"unloading version {version}")
             self.metrics.version_switches.labels(model, "failed").inc()
-            raise await self.failed(steps, exc, versions, actor, old) from None
+            raise await failed(self, steps, exc, versions, actor, old) from None
         flipped_at = steps.mark_flip()
         self.metrics.version_switches.labels(model, "ok").inc()
         drained, after_flip_error = True, None
@@ -188,7 +204,7 @@ class VersionManager:
                 except GatewayError as exc:  # the switch itself is done; say what is left behind
                     after_flip_error = f"unloading version {old} failed: {exc}"
                     log.error("model '%s': %s", model, after_flip_error)
-        report = await self.finish(
+        report = await finish(self, 
             steps, "ok", versions, actor, comparison=comparison, error=after_flip_error, generation=routed.generation
         )
         return report.but(
@@ -235,61 +251,55 @@ class VersionManager:
     async def exclusive(self, model: str, action: str, version: int | None) -> AsyncIterator[Steps]:
         """One action per model at a time: a second one is refused (409), never queued behind the first."""
         self.catalog.entry(model)
-        lock = self._locks.setdefault(model, asyncio.Lock())
+        lock = self.lock(model)
         if lock.locked():
-            busy = self.progress[model]
-            raise Conflict(
-                f"model '{model}' is busy: {busy.action} of version {busy.version} is at step '{busy.step}'; "
-                "try again when it has finished"
-            )
+            busy = self.progress.get(model)
+            doing = f"{busy.action} of version {busy.version} is at step '{busy.step}'" if busy else "it is following"
+            raise Conflict(f"model '{model}' is busy: {doing}; try again when it has finished")
+        holder = f"{socket.gethostname()} pid {os.getpid()}: {action} of version {version}"
         async with lock:
             progress = Progress(action, version)
             self.progress[model] = progress
             try:
-                yield Steps(model, self.metrics, progress)
+                async with self.store.lock(model, holder):
+                    await catch_up(self, model)  # another gateway may have changed the routing a moment ago
+                    yield Steps(model, self.metrics, progress)
+            except StateBusy as exc:
+                raise Conflict(str(exc)) from None
+            except StateError as exc:
+                raise BackendUnavailable(f"{action} refused: {exc}") from None
             finally:
                 del self.progress[model]
 
-    async def finish(
-        self,
-        steps: Steps,
-        result: str,
-        versions: dict[str, int | None],
-        actor: str,
-        *,
-        comparison: dict[str, Any] | None = None,
-        error: str | None = None,
-        generation: int | None = None,
-    ) -> ActionReport:
-        progress = steps.progress
-        detail = {"comparison": comparison} if comparison else {}
-        await self.record(Event(progress.action, steps.model, result, versions, dict(progress.steps), None, error,
-                                 actor, generation, detail))
-        report = ActionReport(steps.model, progress.action, result, versions, dict(progress.steps),
-                              routing=self.router.record(steps.model), error=error)
-        self.last[steps.model] = report
-        return report
+    async def _followed(self, model: str, record: RoutingRecord) -> None:
+        await follow(self, model, record)
 
-    async def failed(
-        self, steps: Steps, exc: GatewayError, versions: dict[str, int | None], actor: str, serving: int | None
-    ) -> SwapFailed:
-        step = steps.progress.step
-        keeps = f"; version {serving} keeps serving" if serving is not None else ""
-        target = versions.get("to", versions.get("version"))
-        message = f"{steps.progress.action} of model '{steps.model}' version {target} failed at step '{step}': {exc}"
-        await self.record(Event(steps.progress.action, steps.model, "failed", versions, dict(steps.progress.steps),
-                                 step, str(exc), actor, None))
-        self.last[steps.model] = ActionReport(steps.model, steps.progress.action, "failed", versions,
-                                              dict(steps.progress.steps), step=step, error=str(exc),
-                                              routing=self.router.record(steps.model))
-        # 404 / 409 as they came; 503 when the backend itself is unavailable (retry later); anything else is
-        # the version's own fault (a corrupt file, a failed warm-up): 422.
-        status = exc.status if isinstance(exc, ModelNotFound | Conflict | BackendUnavailable) else 422
-        return SwapFailed(message + keeps, step, status)
+    def loaded_now(self, model: str, *, plus: set[int] | None = None, minus: set[int] | None = None) -> tuple[int, ...]:
+        """What a routing record says is loaded: the ready versions, with what the action is about to add or drop."""
+        ready = {v for v, state in self.backend.models().get(model, {}).items() if state is VersionState.READY}
+        return tuple(sorted((ready | (plus or set())) - (minus or set())))
+
+    async def note_loaded(self, model: str) -> None:
+        """A load or unload changed what is loaded: the record says so (other replicas converge on it)."""
+        record = self.router.record(model)
+        if record is None or record.loaded == self.loaded_now(model):
+            return
+        routed = record.but(loaded=self.loaded_now(model))
+        try:
+            await self.store.save_routing(model, routed)
+        except StateError as exc:
+            raise BackendUnavailable(f"the routing could not be persisted: {exc}") from None
+        self.set_routing(model, routed)
+
+    def lock(self, model: str) -> asyncio.Lock:
+        """This gateway's lock of one model's actions (the store's lock covers the other gateways)."""
+        return self._locks.setdefault(model, asyncio.Lock())
 
     def set_routing(self, model: str, record: RoutingRecord) -> None:
         self.router.set(model, record)
+        self.windows.watch(model, record)  # every routing change starts the canary's windows afresh
         self.metrics.active_version.labels(model).set(record.stable)
+        self.metrics.canary_weight.labels(model).set(record.canary.weight if record.canary is not None else 0)
 
     async def record(self, event: Event) -> None:
         try:

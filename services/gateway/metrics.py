@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SWAP_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+DIVERGENCE_BUCKETS = (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -81,6 +82,37 @@ class GatewayMetrics:
             "switchyard_version_switches_total",
             "Hot version switches (activate, rollback) by result: ok, failed, unchanged.",
             ["model", "result"],
+            registry=registry,
+        )
+        self.canary_rollbacks = Counter(
+            "switchyard_canary_rollbacks_total",
+            "Canaries the gateway pulled back by itself, by the bound they broke (error_rate, p99_ratio).",
+            ["model", "reason"],
+            registry=registry,
+        )
+        self.canary_weight = Gauge(
+            "switchyard_canary_weight",
+            "Percent of unversioned requests sent to the canary version (0: no split).",
+            ["model"],
+            registry=registry,
+        )
+        self.shadow_requests = Counter(
+            "switchyard_shadow_requests_total",
+            "Shadow requests by result: ok, failed, dropped (too many in flight), unavailable (not loaded).",
+            ["model", "result"],
+            registry=registry,
+        )
+        self.shadow_divergence = Histogram(
+            "switchyard_shadow_divergence",
+            "Largest absolute difference between the served answer and the shadow version's, per request.",
+            ["model"],
+            buckets=DIVERGENCE_BUCKETS,
+            registry=registry,
+        )
+        self.shadow_argmax_disagreements = Counter(
+            "switchyard_shadow_argmax_disagreements_total",
+            "Rows of classifier-like outputs where the shadow version picked another argmax.",
+            ["model"],
             registry=registry,
         )
         self.swap_step = Histogram(

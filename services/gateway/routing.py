@@ -3,13 +3,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+import random
+from collections.abc import Callable, Mapping
 
 from services.gateway.backends.base import Backend
 from services.gateway.errors import ModelNotFound, ModelNotReady
 from services.gateway.repository import Catalog
 from services.gateway.state import RoutingRecord
+from services.gateway.state.policies import CanaryPolicy
 from services.gateway.types import VersionState
+
+Header = Callable[[str], str | None]
+"""Looks up one request header (lowercase name) or gRPC metadata key; ``None`` when absent."""
+
+
+def _canary_side(canary: CanaryPolicy, header: Header | None) -> bool:
+    """Whether this request goes to the canary: by the sticky header's value when it has one (the same value, the
+    same side, on every gateway replica), else at random."""
+    value = header(canary.sticky_header) if canary.sticky_header is not None and header is not None else None
+    if value:
+        digest = hashlib.blake2b(value.encode(), digest_size=8).digest()
+        point = int.from_bytes(digest, "big") % 10_000 / 100.0
+    else:
+        point = random.random() * 100.0
+    return point < canary.weight
 
 
 class Router:
@@ -33,9 +51,10 @@ class Router:
     def set(self, model: str, record: RoutingRecord) -> None:
         self._records[model] = record
 
-    def route(self, model: str, version: int | None) -> int:
+    def route(self, model: str, version: int | None, header: Header | None = None) -> int:
         """The version a request is served by: 404 when the model or the pinned version is unknown or not loaded,
-        503 when it cannot serve now (loading, warming up, its server down), with the reason when one is known."""
+        503 when it cannot serve now (loading, warming up, its server down), with the reason when one is known.
+        ``header`` reads the request's headers (gRPC: metadata) for a sticky canary split."""
         pinned = version is not None
         if version is None:
             record = self._records.get(model)
@@ -47,6 +66,12 @@ class Router:
                     f"model '{model}' is unavailable: {problem}" if problem else f"model '{model}' has no ready version"
                 )
             version = record.stable
+            canary = record.canary
+            if canary is not None and canary.weight > 0 and _canary_side(canary, header):
+                # A canary that cannot serve right now (its server lost it) leaves its share on the stable version.
+                ready = self._backend.state(model, canary.version) is VersionState.READY
+                if ready and (model, canary.version) not in self._warming:
+                    return canary.version
         elif model not in self._catalog.entries:
             raise ModelNotFound(f"unknown model '{model}'")
         state = self._backend.state(model, version)

@@ -41,12 +41,22 @@ class Settings(BaseSettings):
     state_path: Path | None = None
     """Routing state file (its audit log lies beside it); default: under ``$XDG_STATE_HOME/switchyard``, named
     after the repository, never inside it. One gateway per file."""
+    redis_url: str | None = None
+    """Share routing, the audit log and action locks with other gateway replicas through Redis
+    (``redis://host:6379/0``); unset: a state file, one gateway."""
+    redis_prefix: str = "switchyard"
+    """Key prefix in Redis: replicas serving the same models share it; other deployments pick their own."""
+    redis_lock_ttl_s: float = 15.0
+    """Expiry of a model's action lock in Redis (renewed while the action runs): how long a crashed replica's
+    lock blocks the others."""
     repository_poll_s: float = 10.0
     """Period of the repository rescan (new models load and route; new versions are only listed); 0: off."""
     drain_timeout_s: float = 30.0
     """How long a swap or unload waits for the requests in flight on the version it replaces."""
     max_drain_timeout_s: float = 600.0
     """Largest ``drain_timeout_s`` an admin call may ask for."""
+    shadow_max_pending: int = 32
+    """Shadow requests in flight at most; beyond it new ones are dropped (counted), never queued."""
     warmup_timeout_s: float = 60.0
     """How long one warm-up (or comparison) request of a version being loaded may take."""
     host: str = "127.0.0.1"

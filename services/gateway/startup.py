@@ -26,10 +26,14 @@ async def start_models(manager: VersionManager) -> None:
         if entry.problem is not None or not entry.available:
             log.error("model '%s' is unavailable: %s", name, entry.problem or f"no version folder in {entry.path}")
             continue
-        wanted = set(entry.selected)
         record = records.get(name)
+        # What the replicas keep loaded, when the record says; else what the version policy selects.
+        recorded = set(record.loaded) & set(entry.available) if record is not None else set()
+        wanted = recorded or set(entry.selected)
         if record is not None:
-            wanted |= {v for v in (record.stable, record.previous) if v is not None and v in entry.available}
+            named = (record.stable, record.previous, record.canary and record.canary.version,
+                     record.shadow and record.shadow.version)
+            wanted |= {v for v in named if v is not None and v in entry.available}
         initial[name] = wanted
     await manager.backend.start(initial)
     for name, versions in initial.items():
@@ -72,6 +76,7 @@ async def _route(manager: VersionManager, model: str, record: RoutingRecord | No
         stable=stable,
         previous=record.stable if record is not None else None,
         generation=record.generation + 1 if record is not None else 1,
+        loaded=manager.loaded_now(model),
     )
     try:
         await manager.store.save_routing(model, routed)

@@ -23,8 +23,11 @@ from services.modelrepo import layout
 from services.modelrepo.manifest import read_manifest, read_samples
 
 
-class WarmupError(Exception):
-    """The version's warm-up data cannot be built; the message names the file or tensor at fault."""
+class WarmupError(GatewayError):
+    """A version's warm-up (or comparison) request could not be built or was answered wrongly; the message names
+    the file, tensor or output at fault. The version's own fault: 422."""
+
+    status = 422
 
 
 @dataclass(frozen=True)

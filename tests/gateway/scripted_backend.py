@@ -11,7 +11,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from services.gateway.errors import GatewayError, ModelNotFound
+from services.gateway.errors import GatewayError, InferenceFailed, ModelNotFound
 from services.gateway.types import InferOutput, InferRequest, InferResponse, ModelMetadata, TensorSpec, VersionState
 
 CONFIG = """
@@ -55,9 +55,16 @@ class ScriptedBackend:
     wrong_rows: set[int] = field(default_factory=set)
     """Versions that answer one row too many (a warm-up must catch it)."""
     factor: dict[int, float] = field(default_factory=dict)
+    failing_when_positive: set[int] = field(default_factory=set)
+    """Versions whose answer fails (500) when the request's first value is positive: part of the traffic."""
     load_delay_s: float = 0.0
     loads: list[int] = field(default_factory=list)
     unloads: list[int] = field(default_factory=list)
+
+    shared_server = False
+
+    async def adopt(self, model: str, versions: Collection[int]) -> None:
+        pass
 
     async def start(self, initial: Mapping[str, Collection[int]]) -> None:
         self.started = True
@@ -117,6 +124,8 @@ class ScriptedBackend:
         if self.failure is not None:
             raise self.failure
         x = request.inputs[0].data
+        if version in self.failing_when_positive and x.flat[0] > 0:
+            raise InferenceFailed(f"version {version} cannot take positive inputs")
         if version in self.wrong_rows:
             x = x.repeat(2, axis=0)
         y = x * 2 * self.factor.get(version, 1.0)

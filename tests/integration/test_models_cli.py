@@ -7,21 +7,16 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
-from typer.testing import CliRunner, Result
 
-from services.cli import app
 from services.gateway import Settings
 from services.gateway.testing import RunningGateway, running_gateway
-
-TOKEN = "cli-test-admin-token-5f3a"
-FEATURES = {"name": "features", "shape": [1, 32], "datatype": "FP32", "data": [0.25] * 32}
-NO_ENVIRONMENT: dict[str, str | None] = {"SWITCHYARD_ADMIN_URL": None, "SWITCHYARD_ADMIN_TOKEN": None}
+from tests.cli_support import FEATURES, TOKEN, models, one_error_line, squeezed
 
 
 @contextmanager
@@ -47,31 +42,10 @@ def own(repository: Path, tmp_path: Path) -> Iterator[RunningGateway]:
         yield gateway
 
 
-def models(gateway: RunningGateway | None, *args: str, token: str | None = TOKEN, **env: str) -> Result:
-    """``switchyard models ARGS --url ... --token ...`` (neither when ``gateway`` is None: from ``env`` then); checks
-    what every invocation must hold: no traceback, the token nowhere in the output."""
-    options = [] if gateway is None else ["--url", f"http://{gateway.http_url}"]
-    if gateway is not None and token is not None:
-        options += ["--token", token]
-    environment: Mapping[str, str | None] = {**NO_ENVIRONMENT, **env}
-    result = CliRunner().invoke(app, ["models", *args, *options], env=environment)
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    assert "Traceback" not in result.output
-    assert TOKEN not in result.output
-    return result
 
 
-def one_error_line(result: Result) -> str:
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ")
-    assert result.stdout == ""
-    return lines[0]
 
 
-def squeezed(output: str) -> str:
-    """The output with each run of spaces made one: assertions that do not depend on column widths."""
-    return "\n".join(" ".join(line.split()) for line in output.splitlines())
 
 
 def served_version(gateway: RunningGateway, version: int | None = None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from starlette.requests import Request
@@ -15,10 +15,13 @@ from services.gateway.admin.auth import AdminAuth
 from services.gateway.admin.views import model_status, overview
 from services.gateway.errors import GatewayError, InvalidInput, SwapFailed, Unauthorized
 from services.gateway.manager import VersionManager
+from services.gateway.policy import set_canary, set_shadow
 from services.gateway.rest.responses import JSONBytesResponse
 from services.gateway.settings import Settings
+from services.gateway.state.policies import CanaryPolicy, ShadowPolicy
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 _SWITCH_OPTIONS: dict[str, type] = {"keep_previous": bool, "drain_timeout_s": float, "compare": bool}
 _UNLOAD_OPTIONS: dict[str, type] = {"drain_timeout_s": float}
 MAX_EVENTS = 1000
@@ -63,6 +66,26 @@ class AdminEndpoints:
             options = self._options(await request.body(), _UNLOAD_OPTIONS)
             report = await self._manager.unload(_model(request), _version(request), actor=actor, **options)
             return report.to_json()
+
+        return await self._answer(request, act)
+
+    async def traffic(self, request: Request) -> Response:
+        async def act(actor: str) -> Any:
+            fields = _json_object(await request.body())
+            if fields.get("canary") is None:
+                canary = None
+            else:
+                fields["version"] = fields.pop("canary")
+                canary = _parsed(CanaryPolicy.from_json, fields, {"since", "rolled_back"})
+            return (await set_canary(self._manager, _model(request), canary, actor)).to_json()
+
+        return await self._answer(request, act)
+
+    async def shadow(self, request: Request) -> Response:
+        async def act(actor: str) -> Any:
+            fields = _json_object(await request.body())
+            shadow = None if fields.get("version") is None else _parsed(ShadowPolicy.from_json, fields, set())
+            return (await set_shadow(self._manager, _model(request), shadow, actor)).to_json()
 
         return await self._answer(request, act)
 
@@ -117,6 +140,26 @@ class AdminEndpoints:
                 value = float(value)
             options[key] = value
         return options
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = orjson.loads(body or b"null")
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidInput("the request body must be a JSON object")
+    return data
+
+
+def _parsed(parse: Callable[[object], T], fields: dict[str, Any], internal: set[str]) -> T:
+    """A policy from the request, with the fields only the gateway sets refused like unknown ones."""
+    for name in internal & set(fields):
+        raise InvalidInput(f"{name!r} is set by the gateway, not by a request")
+    try:
+        return parse(fields)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
 
 
 async def _ready(value: Any) -> Any:

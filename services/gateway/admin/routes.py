@@ -20,6 +20,8 @@ def add_admin_routes(app: FastAPI, endpoints: AdminEndpoints) -> None:
         ("/admin/models/{model_name}", endpoints.model, "GET"),
         ("/admin/models/{model_name}/events", endpoints.events, "GET"),
         ("/admin/models/{model_name}/rollback", endpoints.rollback, "POST"),
+        ("/admin/models/{model_name}/traffic", endpoints.traffic, "PUT"),
+        ("/admin/models/{model_name}/shadow", endpoints.shadow, "PUT"),
         ("/admin/models/{model_name}/versions/{model_version}/activate", endpoints.activate, "POST"),
         ("/admin/models/{model_name}/versions/{model_version}/load", endpoints.load, "POST"),
         ("/admin/models/{model_name}/versions/{model_version}/unload", endpoints.unload, "POST"),

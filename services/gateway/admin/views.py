@@ -3,6 +3,7 @@ the action running now and the last one."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from services.gateway.manager import VersionManager
@@ -28,6 +29,7 @@ def model_status(manager: VersionManager, model: str) -> dict[str, Any]:
     return {
         "name": model,
         "platform": entry.platform,
+        "traffic": _traffic(manager, model),
         "ready": manager.router.ready(model),
         "routing": record.to_json() if record is not None else None,
         "loaded": loaded,
@@ -51,6 +53,8 @@ def overview(manager: VersionManager) -> dict[str, Any]:
                 "stable": routing.get("stable"),
                 "previous": routing.get("previous"),
                 "generation": routing.get("generation"),
+                "canary": routing.get("canary"),
+                "shadow": routing.get("shadow"),
                 "loaded": [v["version"] for v in status["loaded"]],
                 "available": status["available"],
                 "problem": status["problem"],
@@ -58,3 +62,25 @@ def overview(manager: VersionManager) -> dict[str, Any]:
             }
         )
     return {"models": models}
+
+
+def _traffic(manager: VersionManager, model: str) -> dict[str, Any] | None:
+    """The canary split and shadow version, with the live window figures of both sides of the split."""
+    record = manager.router.record(model)
+    if record is None or (record.canary is None and record.shadow is None):
+        return None
+    view: dict[str, Any] = {"canary": None, "shadow": None}
+    if record.shadow is not None:
+        view["shadow"] = {"version": record.shadow.version, "sample": record.shadow.sample}
+    canary = record.canary
+    if canary is not None:
+        window_s = canary.rollback.window_s if canary.rollback is not None else 60.0
+        view["canary"] = {
+            **dataclasses.asdict(canary),
+            "window": {
+                "seconds": window_s,
+                "stable": manager.windows.figures(model, record.stable, window_s).to_json(),
+                "canary": manager.windows.figures(model, canary.version, window_s).to_json(),
+            },
+        }
+    return view

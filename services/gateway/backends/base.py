@@ -18,6 +18,14 @@ class Backend(Protocol):
     their runtime's own errors is their job.
     """
 
+    shared_server: bool
+    """Whether other gateways drive the same model server (Triton): then one replica loads a version and the others
+    ``adopt`` it; an embedded backend runs its own copies, and every replica loads them itself."""
+
+    async def adopt(self, model: str, versions: Collection[int]) -> None:
+        """Another gateway changed the model's versions on the shared server: want exactly ``versions`` (what the
+        routing record says the gateways keep loaded) from now on, without asking the server for anything."""
+
     async def start(self, initial: Mapping[str, Collection[int]]) -> None:
         """Open clients / thread pools and load ``initial`` (model -> versions, as the version manager decided
         from the routing state and the version policies). A version that fails to load is reported through

@@ -59,6 +59,11 @@ class EmbeddedBackend:
         self._adaptive_delay = adaptive_delay
         self._versions: dict[str, dict[int, _Version]] = {}
 
+    shared_server = False
+
+    async def adopt(self, model: str, versions: Collection[int]) -> None:
+        """Every gateway runs its own copies: nothing to adopt."""
+
     async def start(self, initial: Mapping[str, Collection[int]]) -> None:
         for name, versions in initial.items():
             for version in sorted(versions):

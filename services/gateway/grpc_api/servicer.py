@@ -82,17 +82,33 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             except GatewayError as exc:
                 self._dataplane.record_error(request.model_name, request.model_version, PROTOCOL, exc)
                 raise
-            return encode_response(await self._dataplane.infer(decoded, protocol=PROTOCOL))
+            return encode_response(await self._dataplane.infer(decoded, protocol=PROTOCOL, header=_metadata(context)))
 
         return await _guard(context, call)
+
+
+def _metadata(context: grpc.aio.ServicerContext[Any, Any]) -> Callable[[str], str | None]:
+    """The call's metadata as a header lookup, read only when a sticky canary asks for it."""
+
+    def lookup(name: str) -> str | None:
+        for key, value in context.invocation_metadata() or ():
+            if key == name:
+                return str(value)
+        return None
+
+    return lookup
 
 
 async def _guard(context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[T]]) -> T:
     try:
         return await call()
     except GatewayError as exc:
-        retry = () if exc.retry_after_s is None else (("retry-after", str(exc.retry_after_s)),)
-        await context.abort(status_code(exc), str(exc), trailing_metadata=retry)
+        trailers = []
+        if exc.retry_after_s is not None:
+            trailers.append(("retry-after", str(exc.retry_after_s)))
+        if exc.version is not None:
+            trailers.append(("x-model-version", str(exc.version)))
+        await context.abort(status_code(exc), str(exc), trailing_metadata=tuple(trailers))
     except Exception:
         log.exception("unexpected error in a gRPC call")
         await context.abort(grpc.StatusCode.INTERNAL, "internal server error")

@@ -48,6 +48,8 @@ async def _gateway_error(request: Request, exc: Exception) -> Response:
     response = error_response(str(exc), exc.status)
     if exc.retry_after_s is not None:
         response.headers["Retry-After"] = str(exc.retry_after_s)
+    if exc.version is not None:  # which version failed: what a canary's watcher (and its operator) needs
+        response.headers["X-Model-Version"] = str(exc.version)
     return response
 
 

@@ -59,7 +59,7 @@ class Endpoints:
         except GatewayError as exc:
             self._dataplane.record_error(model_name, "" if version is None else str(version), PROTOCOL, exc)
             raise
-        response = await self._dataplane.infer(infer_request, protocol=PROTOCOL)
+        response = await self._dataplane.infer(infer_request, protocol=PROTOCOL, header=request.headers.get)
         content, header_length = encode_response(response, fmt)
         headers = {"X-Model-Version": str(response.version)}
         if header_length is None:

@@ -2,6 +2,17 @@
 
 from services.gateway.state.file import FileStateStore, default_state_path
 from services.gateway.state.records import Event, RoutingRecord, StateError
-from services.gateway.state.store import StateStore
+from services.gateway.state.redis_store import RedisStateStore
+from services.gateway.state.store import OnChange, StateBusy, StateStore
 
-__all__ = ["Event", "FileStateStore", "RoutingRecord", "StateError", "StateStore", "default_state_path"]
+__all__ = [
+    "Event",
+    "FileStateStore",
+    "OnChange",
+    "RedisStateStore",
+    "RoutingRecord",
+    "StateBusy",
+    "StateError",
+    "StateStore",
+    "default_state_path",
+]

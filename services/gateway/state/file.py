@@ -12,10 +12,11 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from services.gateway.state.records import Event, RoutingRecord, StateError
+from services.gateway.state.store import OnChange
 
 __all__ = ["FORMAT", "FileStateStore", "default_state_path"]
 
@@ -85,6 +86,14 @@ class FileStateStore:
             return await asyncio.to_thread(self._read_events, model, limit)
 
     # Everything below runs in a worker thread.
+
+    @contextlib.asynccontextmanager
+    async def lock(self, model: str, holder: str) -> AsyncIterator[None]:
+        """One gateway per file (the flock taken by ``open``): the version manager's own lock is enough."""
+        yield
+
+    async def watch(self, on_change: OnChange) -> None:
+        """No other gateway writes this file: nothing to follow."""
 
     def _open(self) -> None:
         with self._routing_io:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeGuard
+
+from services.gateway.state.policies import CanaryPolicy, ShadowPolicy
 
 
 class StateError(Exception):
@@ -24,9 +26,30 @@ class RoutingRecord:
     previous: int | None = None
     generation: int = 1
     updated_at: str = field(default_factory=now_iso)
+    canary: CanaryPolicy | None = None
+    shadow: ShadowPolicy | None = None
+    loaded: tuple[int, ...] = ()
+    """The versions the gateways keep loaded (empty: not recorded). Replicas converge on it: on a shared Triton it
+    is the set every replica wants, so that none loads back what another unloaded."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["loaded"] = list(self.loaded)
+        return data
+
+    def but(self, **changes: Any) -> RoutingRecord:
+        """The next record: ``changes`` applied, the generation one higher, stamped now."""
+        return replace(self, **changes, generation=self.generation + 1, updated_at=now_iso())
+
+    def switched_to(self, version: int) -> RoutingRecord:
+        """The next record once ``version`` is stable: the old stable is the previous one; a canary or shadow of
+        ``version`` is done with (it is the stable one now); another canary keeps its split, judged afresh."""
+        canary, shadow = self.canary, self.shadow
+        if canary is not None:
+            canary = None if canary.version == version else replace(canary, since=now_iso())
+        if shadow is not None and shadow.version == version:
+            shadow = None
+        return self.but(stable=version, previous=self.stable, canary=canary, shadow=shadow)
 
     @classmethod
     def from_json(cls, data: object) -> RoutingRecord:
@@ -43,7 +66,12 @@ class RoutingRecord:
         updated_at = data.get("updated_at", "")
         if not isinstance(updated_at, str):
             raise ValueError(f"'updated_at' must be a string, got {updated_at!r}")
-        return cls(stable, previous, generation, updated_at)
+        canary = CanaryPolicy.from_json(data["canary"]) if data.get("canary") is not None else None
+        shadow = ShadowPolicy.from_json(data["shadow"]) if data.get("shadow") is not None else None
+        loaded = data.get("loaded", [])
+        if not isinstance(loaded, list) or not all(_version(v) for v in loaded):
+            raise ValueError(f"'loaded' must be a list of non-negative integers, got {loaded!r}")
+        return cls(stable, previous, generation, updated_at, canary, shadow, tuple(sorted(set(loaded))))
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,10 +3,18 @@ that a shared store (Redis, for several gateway replicas) can take its place."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 from services.gateway.state.records import Event, RoutingRecord
+
+OnChange = Callable[[str, RoutingRecord], Awaitable[None]]
+"""Told of a routing record another gateway wrote (model, record)."""
+
+
+class StateBusy(Exception):
+    """Another gateway holds the model's action lock; the message says who and what it is doing."""
 
 
 class StateStore(Protocol):
@@ -28,3 +36,12 @@ class StateStore(Protocol):
 
     async def events(self, model: str | None = None, limit: int = 100) -> list[Event]:
         """The newest ``limit`` events (of ``model``, when given), oldest first."""
+
+    def lock(self, model: str, holder: str) -> AbstractAsyncContextManager[None]:
+        """Held while a version action runs on ``model``, across every gateway sharing the store: ``StateBusy``
+        when another holds it (``holder`` describes this one for their messages), ``StateError`` when the store
+        cannot be reached."""
+
+    async def watch(self, on_change: OnChange) -> None:
+        """Call ``on_change`` for every routing record other gateways write (within a second), until cancelled;
+        returns at once for a store no other gateway shares."""

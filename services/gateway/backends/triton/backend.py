@@ -67,6 +67,21 @@ class TritonBackend:
         self._last_reload: dict[str, float] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------------------
+    shared_server = True
+
+    async def adopt(self, model: str, versions: Collection[int]) -> None:
+        """Another gateway drove this model's versions on the shared Triton: want ``versions`` from now on, so that
+        this one's self-heal and its next load (a complete override) keep what the others keep, and nothing more."""
+        entry = self._catalog.entry(model)
+        self._track(model)
+        self._configs.setdefault(model, self._transform(entry.config))
+        self._wanted[model] = set(versions)
+        if self._control is not None:
+            try:
+                self._update_states(await self._control.index(self._settings.triton_control_timeout_s))
+            except ModelControlError as exc:
+                raise self._errors.control_error(exc) from None
+
     async def start(self, initial: Mapping[str, Collection[int]]) -> None:
         for name, versions in initial.items():
             entry = self._catalog.entry(name)

@@ -1,0 +1,115 @@
+"""Two gateway replicas sharing routing through a real redis-server: a switch on one is followed by the other
+within a second, both come back with the same routing after a restart, concurrent actions get one 200 and one
+409, and with Redis gone both keep serving (admin changes answer 503) until it returns and they resynchronise."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import pytest
+
+from examples import models
+from tests.gateway_process import GatewayProcess, gateway_process
+from tests.redis_server import RedisServer, redis_server
+
+TOKEN = "replica-test-token"
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def mlp_body() -> dict[str, object]:
+    features = models.mlp_inputs(1, seed=4).numpy().ravel().tolist()
+    return {"inputs": [{"name": "features", "shape": [1, 32], "datatype": "FP32", "data": features}]}
+
+
+def stable(gateway: GatewayProcess, model: str) -> int:
+    return int(httpx.get(f"http://{gateway.http_url}/admin/models/{model}", headers=ADMIN).json()["routing"]["stable"])
+
+
+def served(gateway: GatewayProcess) -> str:
+    answer = httpx.post(f"http://{gateway.http_url}/v2/models/mlp/infer", json=mlp_body())
+    assert answer.status_code == 200, answer.text
+    return answer.headers["x-model-version"]
+
+
+def wait_for_stable(gateway: GatewayProcess, model: str, version: int, timeout_s: float = 5.0) -> float:
+    started = time.monotonic()
+    while stable(gateway, model) != version:
+        assert time.monotonic() - started < timeout_s, f"{gateway.http_url} did not follow to {model} {version}"
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+@pytest.fixture
+def cluster(repository: Path, tmp_path: Path) -> Iterator[tuple[RedisServer, GatewayProcess, GatewayProcess]]:
+    root = tmp_path / "repository"
+    for model in ("classifier", "mlp"):
+        shutil.copytree(repository / model, root / model)
+    with ExitStack() as stack:
+        redis = stack.enter_context(redis_server(tmp_path / "redis"))
+        replicas = []
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            replica = gateway_process(root, tmp_path / name, token=TOKEN, redis_url=redis.url)
+            replicas.append(stack.enter_context(replica))
+        yield redis, replicas[0], replicas[1]
+
+
+@pytest.mark.slow
+def test_replicas_follow_each_other_and_survive_restarts_and_a_redis_outage(
+    cluster: tuple[RedisServer, GatewayProcess, GatewayProcess],
+) -> None:
+    redis, a, b = cluster
+    assert stable(a, "mlp") == stable(b, "mlp") == 2
+
+    switched = httpx.post(f"http://{a.http_url}/admin/models/mlp/versions/1/activate", headers=ADMIN)
+    assert switched.status_code == 200, switched.text
+    followed_s = wait_for_stable(b, "mlp", 1)
+    assert followed_s < 1.0
+    assert served(b) == "1"
+
+    # Concurrent actions on one model: one replica holds the lock for the whole swap, the other gets 409.
+    assert httpx.post(f"http://{a.http_url}/admin/models/classifier/versions/1/unload", headers=ADMIN).is_success
+
+    async def both() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60.0) as http:
+            first = asyncio.create_task(
+                http.post(f"http://{a.http_url}/admin/models/classifier/versions/1/activate", headers=ADMIN)
+            )
+            await asyncio.sleep(0.05)  # A is loading and warming version 1 up (it unloaded it)
+            second = await http.post(f"http://{b.http_url}/admin/models/classifier/versions/1/activate",
+                                     headers=ADMIN)
+            return [await first, second]
+
+    first, second = asyncio.run(both())
+    assert (first.status_code, second.status_code) == (200, 409), (first.text, second.text)
+    assert "busy on another gateway" in second.json()["error"]
+    wait_for_stable(b, "classifier", 1)
+
+    a.stop()
+    b.stop()
+    a.start()
+    b.start()
+    assert (stable(a, "mlp"), stable(b, "mlp"), stable(a, "classifier"), stable(b, "classifier")) == (1, 1, 1, 1)
+
+    redis.kill()
+    assert served(a) == served(b) == "1"  # the last routing known keeps serving
+    refused = httpx.post(f"http://{a.http_url}/admin/models/mlp/rollback", headers=ADMIN)
+    assert refused.status_code == 503
+    assert "unreachable" in refused.json()["error"]
+    redis.start()
+    deadline = time.monotonic() + 10
+    while True:  # the replicas reconnect by themselves
+        back = httpx.post(f"http://{b.http_url}/admin/models/mlp/rollback", headers=ADMIN)
+        if back.status_code == 200:
+            break
+        assert time.monotonic() < deadline, back.text
+        time.sleep(0.2)
+    wait_for_stable(a, "mlp", 2, timeout_s=2.0)
+    assert served(a) == served(b) == "2"
+    print(f"\nreplica B followed a switch on A in {followed_s * 1e3:.0f} ms")
