@@ -98,11 +98,10 @@ class DataPlane:
         """``header`` reads the request's headers (gRPC: metadata), for a sticky canary split."""
         started = time.perf_counter()
         model = request.model
-        version_label = "" if request.version is None else str(request.version)
         watched = request.version is None and model in self.windows.watched
+        version: int | None = None
         try:
             version = self.router.route(model, request.version, header)
-            version_label = str(version)
             # Admitted: from here until the answer is ready the version cannot be drained away.
             self.leases.acquire(model, version)
             try:
@@ -112,19 +111,21 @@ class DataPlane:
                 self.leases.release(model, version)
             response.outputs = self._select(request, response)
         except GatewayError as exc:
-            self.record_error(model, version_label, protocol, exc)
-            if version_label:
-                exc.version = int(version_label)
-            if watched and version_label:
-                self.windows.observe(model, int(version_label), exc.status, time.perf_counter() - started)
+            served = version if version is not None else request.version
+            self.record_error(model, "" if served is None else str(served), protocol, exc)
+            if version is not None:
+                exc.version = version  # the answer names the version that failed (a canary's, say)
+                if watched:
+                    self.windows.observe(model, version, exc.status, time.perf_counter() - started)
             raise
         except Exception as exc:  # a bug, not the client's fault: log it, leak nothing
             log.exception("unexpected error serving model '%s'", model)
             error = GatewayError("internal server error", 500)
-            self.record_error(model, version_label, protocol, error)
+            served = version if version is not None else request.version
+            self.record_error(model, "" if served is None else str(served), protocol, error)
             raise error from exc
         elapsed = time.perf_counter() - started
-        series = self.metrics.served(model, version_label, protocol)
+        series = self.metrics.served(model, str(version), protocol)
         series.ok.inc()
         series.duration.observe(elapsed)
         if request.version is None:

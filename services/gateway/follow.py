@@ -66,7 +66,6 @@ async def _introduce(manager: VersionManager, model: str, actor: str) -> dict[st
             report = await finish(manager, steps, "failed", {}, actor, error=manager.router.problem(model))
             return {"problem": report.error}
         routed = RoutingRecord(stable=max(ready), loaded=manager.loaded_now(model))
-        await manager.store.save_routing(model, routed)
-        manager.set_routing(model, routed)
+        await manager.commit_routing(model, routed)
         await finish(manager, steps, "ok", {"stable": routed.stable}, actor, generation=routed.generation)
         return {"stable": routed.stable, "loaded": ready}

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from services.gateway.backends.base import Backend
-from services.gateway.errors import BackendUnavailable, Conflict, GatewayError, ModelNotFound
+from services.gateway.errors import BackendUnavailable, Conflict, GatewayError
 from services.gateway.follow import poll, scan_repository
 from services.gateway.leases import Leases
 from services.gateway.metrics import GatewayMetrics
@@ -60,6 +60,8 @@ class VersionManager:
         self.progress: dict[str, Progress] = {}
         """The action running on each model now (the CLI's live view polls it)."""
         self.last: dict[str, ActionReport] = {}
+        self.follow_failures: dict[tuple[str, int], float] = {}
+        """(model, generation) -> when following a routing record another gateway wrote failed (``replicas``)."""
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -114,40 +116,6 @@ class VersionManager:
             steps.progress.version = record.previous
             return await self._switch(model, record.previous, steps, keep_previous, drain_timeout_s, compare, actor)
 
-    async def load(self, model: str, version: int, *, actor: str = GATEWAY) -> ActionReport:
-        async with self.exclusive(model, "load", version) as steps:
-            if self.backend.state(model, version) is VersionState.READY:
-                return await finish(self, steps, "unchanged", {"version": version}, actor)
-            try:
-                await self.prepare(model, version, steps)
-                await self.note_loaded(model)
-            except GatewayError as exc:
-                raise await failed(self, steps, exc, {"version": version}, actor, None) from None
-            return await finish(self, steps, "ok", {"version": version}, actor)
-
-    async def unload(
-        self, model: str, version: int, *, drain_timeout_s: float | None = None, actor: str = GATEWAY
-    ) -> ActionReport:
-        async with self.exclusive(model, "unload", version) as steps:
-            record = self.router.record(model)
-            if record is not None and record.stable == version:
-                raise Conflict(
-                    f"version {version} is the stable version of model '{model}'; activate another version first"
-                )
-            if self.backend.state(model, version) is None:
-                raise ModelNotFound(f"model '{model}' has no version {version} loaded")
-            async with steps.run("drain"):
-                drained = await self.leases.drain(model, version, self._drain_timeout(drain_timeout_s))
-            try:
-                async with steps.run("unload"):
-                    await self.backend.unload(model, version)
-                await self.note_loaded(model)
-            except GatewayError as exc:
-                raise await failed(self, steps, exc, {"version": version}, actor, None) from None
-            self.router.note(model, version, None)
-            report = await finish(self, steps, "ok", {"version": version}, actor)
-            return report.but(drained=drained, in_flight_left=self.leases.count(model, version))
-
     # -- the swap protocol ----------------------------------------------------------------------------------
     async def _switch(
         self,
@@ -178,11 +146,7 @@ class VersionManager:
                 routed = record.switched_to(version) if record is not None else RoutingRecord(stable=version)
                 dropped = {old} if old is not None and not keep_previous else set()
                 routed = dataclasses.replace(routed, loaded=self.loaded_now(model, plus={version}, minus=dropped))
-                try:
-                    await self.store.save_routing(model, routed)  # durable first: a crash now keeps either routing
-                except StateError as exc:
-                    raise BackendUnavailable(f"the routing could not be persisted: {exc}") from None
-                self.set_routing(model, routed)
+                await self.commit_routing(model, routed)
         except GatewayError as exc:
             if warmed is not None and self.backend.state(model, version) is not None:
                 await self.quietly(self.backend.unload(model, version), f"unloading version {version}")
@@ -194,7 +158,7 @@ class VersionManager:
         unloaded: tuple[int, ...] = ()
         if old is not None:
             async with steps.run("drain"):
-                drained = await self.leases.drain(model, old, self._drain_timeout(drain_timeout_s))
+                drained = await self.leases.drain(model, old, self.drain_timeout(drain_timeout_s))
             steps.mark("to_drained")
             if not keep_previous and self.backend.state(model, old) is not None:
                 try:
@@ -220,10 +184,9 @@ class VersionManager:
         """Load ``version`` (unless it is loaded) and warm it up; undo what this did on failure. The warm-up when
         it was loaded here, ``None`` when it was loaded already."""
         async with steps.run("load"):
-            await asyncio.to_thread(self.catalog.refresh, model, version)
             if self.backend.state(model, version) is VersionState.READY:
                 return None
-            await self.backend.load(model, version)
+            await self.backend.load(model, version)  # re-reads the model's config and versions from disk
         try:
             return await self.warm(model, version, steps)
         except GatewayError:
@@ -279,21 +242,18 @@ class VersionManager:
         ready = {v for v, state in self.backend.models().get(model, {}).items() if state is VersionState.READY}
         return tuple(sorted((ready | (plus or set())) - (minus or set())))
 
-    async def note_loaded(self, model: str) -> None:
-        """A load or unload changed what is loaded: the record says so (other replicas converge on it)."""
-        record = self.router.record(model)
-        if record is None or record.loaded == self.loaded_now(model):
-            return
-        routed = record.but(loaded=self.loaded_now(model))
-        try:
-            await self.store.save_routing(model, routed)
-        except StateError as exc:
-            raise BackendUnavailable(f"the routing could not be persisted: {exc}") from None
-        self.set_routing(model, routed)
-
     def lock(self, model: str) -> asyncio.Lock:
         """This gateway's lock of one model's actions (the store's lock covers the other gateways)."""
         return self._locks.setdefault(model, asyncio.Lock())
+
+    async def commit_routing(self, model: str, record: RoutingRecord) -> None:
+        """Persist ``record`` (durable first: a crash right after keeps either routing), then route by it; 503 when
+        the state store cannot take it, and then nothing changed."""
+        try:
+            await self.store.save_routing(model, record)
+        except StateError as exc:
+            raise BackendUnavailable(f"the routing could not be persisted: {exc}") from None
+        self.set_routing(model, record)
 
     def set_routing(self, model: str, record: RoutingRecord) -> None:
         self.router.set(model, record)
@@ -307,7 +267,7 @@ class VersionManager:
         except StateError as exc:  # the audit log must not undo an action that succeeded
             log.error("audit event not written (%s): %s", exc, event)
 
-    def _drain_timeout(self, requested: float | None) -> float:
+    def drain_timeout(self, requested: float | None) -> float:
         return self.settings.drain_timeout_s if requested is None else requested
 
     @staticmethod

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from services.gateway.errors import Conflict, GatewayError, InvalidInput
 from services.gateway.progress import GATEWAY, ActionReport
 from services.gateway.reports import failed
-from services.gateway.state import Event, RoutingRecord, StateError
+from services.gateway.state import Event, RoutingRecord
 from services.gateway.state.policies import CanaryPolicy, ShadowPolicy
 from services.gateway.state.records import now_iso
 from services.gateway.warmup import compare_versions
@@ -109,11 +109,7 @@ async def _commit(
 ) -> ActionReport:
     routed = dataclasses.replace(routed, loaded=manager.loaded_now(steps.model))
     async with steps.run("flip"):
-        try:
-            await manager.store.save_routing(steps.model, routed)
-        except StateError as exc:
-            raise GatewayError(f"the routing could not be persisted: {exc}", 503) from None
-        manager.set_routing(steps.model, routed)
+        await manager.commit_routing(steps.model, routed)
     action, timings = steps.progress.action, dict(steps.progress.steps)
     versions: dict[str, int | None] = {"stable": routed.stable}
     event = Event(action, steps.model, "ok", versions, timings, actor=actor, generation=routed.generation,

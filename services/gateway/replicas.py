@@ -20,8 +20,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_FAILURE_S = 30.0
-_failed: dict[tuple[int, str, int], float] = {}
-"""(manager id, model, generation) -> when following it failed: not retried every second."""
+"""A routing generation this gateway failed to follow is tried again after this long, not at every poll."""
 
 
 async def follow(manager: VersionManager, model: str, record: RoutingRecord) -> None:
@@ -29,7 +28,7 @@ async def follow(manager: VersionManager, model: str, record: RoutingRecord) -> 
     current = manager.router.record(model)
     if current is not None and record.generation <= current.generation:
         return
-    failed_at = _failed.get((id(manager), model, record.generation))
+    failed_at = manager.follow_failures.get((model, record.generation))
     if failed_at is not None and time.monotonic() - failed_at < RETRY_AFTER_FAILURE_S:
         return
     async with manager.lock(model):
@@ -69,7 +68,7 @@ async def _adopt(manager: VersionManager, model: str, record: RoutingRecord) -> 
             for version in sorted(target):
                 await manager.prepare(model, version, steps)
     except GatewayError as exc:
-        _failed[id(manager), model, record.generation] = time.monotonic()
+        manager.follow_failures[model, record.generation] = time.monotonic()
         serving = current.stable if current is not None else None
         log.error(
             "model '%s': not following routing generation %d (stable %d) set by another gateway: %s; still serving "

@@ -58,6 +58,9 @@ class ScriptedBackend:
     failing_when_positive: set[int] = field(default_factory=set)
     """Versions whose answer fails (500) when the request's first value is positive: part of the traffic."""
     load_delay_s: float = 0.0
+    on_disk: set[int] = field(default_factory=lambda: {1, 2, 3})
+    """Versions ``load`` finds (``double_repository`` writes 1 and 2; a test may add 3); others are 404 as in a
+    real backend, which reads the repository when it loads."""
     loads: list[int] = field(default_factory=list)
     unloads: list[int] = field(default_factory=list)
 
@@ -85,6 +88,8 @@ class ScriptedBackend:
         return self.problems.get(version)
 
     async def load(self, model: str, version: int) -> None:
+        if version not in self.on_disk:
+            raise ModelNotFound(f"model 'double' has no version {version} in the repository")
         self.loads.append(version)
         self.states[version] = VersionState.LOADING
         await asyncio.sleep(self.load_delay_s)

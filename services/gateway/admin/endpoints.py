@@ -14,6 +14,7 @@ from starlette.responses import Response
 from services.gateway.admin.auth import AdminAuth
 from services.gateway.admin.views import model_status, overview
 from services.gateway.errors import GatewayError, InvalidInput, SwapFailed, Unauthorized
+from services.gateway.loading import load_version, unload_version
 from services.gateway.manager import VersionManager
 from services.gateway.policy import set_canary, set_shadow
 from services.gateway.rest.responses import JSONBytesResponse
@@ -57,14 +58,14 @@ class AdminEndpoints:
     async def load(self, request: Request) -> Response:
         async def act(actor: str) -> Any:
             self._options(await request.body(), {})
-            return (await self._manager.load(_model(request), _version(request), actor=actor)).to_json()
+            return (await load_version(self._manager, _model(request), _version(request), actor=actor)).to_json()
 
         return await self._answer(request, act)
 
     async def unload(self, request: Request) -> Response:
         async def act(actor: str) -> Any:
             options = self._options(await request.body(), _UNLOAD_OPTIONS)
-            report = await self._manager.unload(_model(request), _version(request), actor=actor, **options)
+            report = await unload_version(self._manager, _model(request), _version(request), actor=actor, **options)
             return report.to_json()
 
         return await self._answer(request, act)

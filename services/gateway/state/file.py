@@ -15,6 +15,7 @@ import threading
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
+from services.gateway.state.event_log import EventLog, fsync_folder
 from services.gateway.state.records import Event, RoutingRecord, StateError
 from services.gateway.state.store import OnChange
 
@@ -51,7 +52,7 @@ class FileStateStore:
         self.path = path
         self.events_path = path.with_name(path.stem + ".events.jsonl")
         self.lock_path = path.with_name(path.name + ".lock")
-        self._max_event_bytes = max_event_bytes
+        self._log = EventLog(self.events_path, max_event_bytes)
         self._lock_fd: int | None = None
         self._records: dict[str, RoutingRecord] | None = None
         # The asyncio locks keep concurrent callers from each parking a worker thread; the thread locks are what
@@ -205,7 +206,7 @@ class FileStateStore:
                 raise StateError(f"cannot write the state file {self.path}: {exc}") from exc
             raise
         try:
-            _fsync_folder(folder)
+            fsync_folder(folder)
         except OSError as exc:
             # The new file is in place but may not survive a power cut; the caller must not count on it.
             raise StateError(f"cannot make the state file {self.path} durable: {exc}") from exc
@@ -218,74 +219,14 @@ class FileStateStore:
                     stale.unlink()
 
     def _append_event(self, event: Event) -> None:
-        line = (json.dumps(event.to_json(), separators=(",", ":")) + "\n").encode()
         with self._events_io:
             self._check_open()
-            try:
-                self._write_event_line(line)
-            except OSError as exc:
-                raise StateError(f"cannot append to the audit log {self.events_path}: {exc}") from exc
-
-    def _write_event_line(self, line: bytes) -> None:
-        log = self.events_path
-        try:
-            size = log.stat().st_size
-        except FileNotFoundError:
-            size = -1
-        if size > 0 and size + len(line) > self._max_event_bytes:
-            os.replace(log, _rotated(log))
-            size = -1
-        fd = os.open(log, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            # A crash mid-append leaves a line without its newline; end it, or the next event would be glued to it.
-            if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
-                line = b"\n" + line
-            view = memoryview(line)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if size < 0:
-            _fsync_folder(log.parent)
+            self._log.append(event)
 
     def _read_events(self, model: str | None, limit: int) -> list[Event]:
-        newest_first: list[Event] = []
         with self._events_io:
             self._check_open()
-            for log in (self.events_path, _rotated(self.events_path)):
-                if len(newest_first) >= limit:
-                    break
-                newest_first.extend(self._read_log(log, model, limit - len(newest_first)))
-        newest_first.reverse()
-        return newest_first
-
-    def _read_log(self, log: Path, model: str | None, limit: int) -> list[Event]:
-        """Up to ``limit`` events of ``log``, newest first."""
-        try:
-            lines = log.read_bytes().split(b"\n")
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            raise StateError(f"cannot read the audit log {log}: {exc}") from exc
-        found: list[Event] = []
-        for number in range(len(lines) - 1, -1, -1):
-            if len(found) >= limit:
-                break
-            if not lines[number].strip():
-                continue
-            try:
-                data = json.loads(lines[number])
-                if not isinstance(data, dict):
-                    raise TypeError("not an object")
-                event = Event.from_json(data)
-            except (ValueError, TypeError):
-                # A torn line from a crash mid-append; the rest of the log is still good.
-                logger.warning("skipping unreadable line %d of the audit log %s", number + 1, log)
-                continue
-            if model is None or event.model == model:
-                found.append(event)
-        return found
+            return self._log.read(model, limit)
 
     @property
     def _temp_prefix(self) -> str:
@@ -299,16 +240,3 @@ class FileStateStore:
         return StateError(
             f"the state file {self.path} {problem}; the gateway will not guess the routing: fix or remove the file"
         )
-
-
-def _rotated(log: Path) -> Path:
-    return log.with_name(log.name + ".1")
-
-
-def _fsync_folder(folder: Path) -> None:
-    # A rename or a new file is durable only once its folder's entry is on disk.
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

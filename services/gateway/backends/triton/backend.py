@@ -1,6 +1,6 @@
 """``TritonBackend``: the ``Backend`` protocol against a Triton server in ``--model-control-mode=explicit``.
 
-The backend loads what each model's ``version_policy`` selects, keeps that as the wanted state, and loads it
+The backend loads what the version manager tells it, keeps that as the wanted state, and (``health``) loads it
 again by itself when Triton comes back after a crash. A version Triton refuses to load is not retried until
 someone asks for it again: its reason is reported instead.
 """
@@ -17,11 +17,12 @@ from tritonclient.grpc import model_config_pb2
 
 from services.gateway import repository
 from services.gateway.backends.base import describe_problem
-from services.gateway.backends.circuit import CircuitBreaker, CircuitState
+from services.gateway.backends.circuit import CircuitBreaker
 from services.gateway.backends.triton.calls import TritonCalls
 from services.gateway.backends.triton.channels import TritonChannels, open_channels
 from services.gateway.backends.triton.configs import ConfigTransform, identity, warn_if_single_instance
 from services.gateway.backends.triton.errors import TritonErrors
+from services.gateway.backends.triton.health import TritonHealth
 from services.gateway.errors import BackendUnavailable, GatewayError, ModelNotFound
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import Settings
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 _STATES = {"READY": VersionState.READY, "LOADING": VersionState.LOADING}
 
 
-class TritonBackend:
+class TritonBackend(TritonHealth):
     """``repository_path`` is the repository Triton serves; configs come from it because Triton cannot describe
     a model before it is loaded. ``transform`` maps each config to what this Triton should load (the local CPU
     Triton's python-backend twins; identity for a production Triton)."""
@@ -225,76 +226,6 @@ class TritonBackend:
         self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
     ) -> InferResponse:
         return await self._calls.infer(request, version=version, timeout_s=timeout_s, priority=priority)
-
-    # -- health probe and reconciliation ---------------------------------------------------------------------
-    async def _probe_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._settings.triton_probe_interval_s)
-            try:
-                await self._sync(force_reload=False)
-            except Exception:  # the probe must outlive any surprise; the next tick tries again
-                log.exception("Triton health probe failed")
-
-    async def _sync(self, *, force_reload: bool) -> None:
-        """One probe: read Triton's repository index (its answer is the liveness signal), update the version
-        states, and load wanted versions Triton lost (a restarted Triton in explicit mode serves nothing)."""
-        assert self._control is not None, "start() first"
-        try:
-            index = await self._control.index(self._settings.triton_control_timeout_s)
-        except ModelControlError:
-            if self._live:
-                log.warning("Triton at %s stopped answering; failing requests fast", self._settings.triton_url)
-            self._live = False
-            self._breaker.trip()
-            return
-        if not self._live:
-            log.info("Triton at %s answers", self._settings.triton_url)
-            force_reload = True
-        self._live = True
-        if self._breaker.state is not CircuitState.CLOSED:
-            self._breaker.reset()
-        self._update_states(index)
-        now = time.monotonic()
-        for model, wanted in self._wanted.items():
-            lock = self._locks[model]
-            if not wanted or lock.locked():
-                continue
-            states = index.get(model, {})
-            lost = any(states.get(v) not in ("READY", "LOADING") for v in wanted)
-            recently = now - self._last_reload.get(model, -1e9) < self._settings.triton_reload_interval_s
-            if lost and (force_reload or not recently):
-                for version in wanted:
-                    if self._states[model].get(version) is not VersionState.READY:
-                        self._states[model][version] = VersionState.LOADING
-                async with lock:
-                    await self._reload(model)
-
-    async def _reload(self, model: str) -> None:
-        """Load the wanted versions again; versions Triton refuses leave the wanted set with their reason, so
-        the probe does not hammer Triton with a load that cannot succeed (a model it has no backend for)."""
-        wanted = set(self._wanted[model])
-        try:
-            await self._apply(model, wanted)
-            return
-        except BackendUnavailable as exc:
-            log.warning("%s", exc)  # Triton went away again: the next probe retries
-            return
-        except GatewayError:
-            pass
-        # Triton fails a whole model whose cold load has one bad version (a loaded model keeps serving when a
-        # version added to it fails): find the bad ones by loading the versions one at a time.
-        good: set[int] = set()
-        for version in sorted(wanted):
-            try:
-                await self._apply(model, good | {version})
-                good.add(version)
-            except BackendUnavailable as exc:
-                log.warning("%s", exc)
-                return
-            except GatewayError as exc:  # one broken version must not keep the others from serving
-                self._record_failures(model, {version}, exc)
-                log.error("model '%s' version %d unavailable: %s", model, version, exc)
-        self._wanted[model] = good
 
     def _update_states(self, index: RepositoryIndex) -> None:
         for model, wanted in self._wanted.items():
