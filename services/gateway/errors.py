@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 
 class GatewayError(Exception):
     """Base of every error a client may see; ``str(error)`` is the message sent back."""
@@ -13,12 +16,16 @@ class GatewayError(Exception):
     """Seconds after which a retry may succeed (sent as ``Retry-After``); None: no hint."""
     version: int | None = None
     """The model version the request was routed to, when it got that far (sent as ``X-Model-Version``)."""
+    headers: Mapping[str, str] = MappingProxyType({})
+    """More response headers (REST) / trailing metadata, lower-cased (gRPC): e.g. the rate-limit figures."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, *, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
         if status is not None:
             self.status = status
+        if headers is not None:
+            self.headers = headers
 
 
 class InvalidInput(GatewayError):
@@ -28,6 +35,7 @@ class InvalidInput(GatewayError):
 
 class ModelNotFound(GatewayError):
     status = 404
+    reason = "not_found"
 
 
 class PayloadTooLarge(GatewayError):
@@ -37,6 +45,7 @@ class PayloadTooLarge(GatewayError):
 
 class Unauthorized(GatewayError):
     status = 401
+    reason = "unauthorized"
 
 
 class Forbidden(GatewayError):

@@ -73,7 +73,53 @@ class Settings(BaseSettings):
     """Spend a model's ``max_queue_delay_microseconds`` only while recent batches were bigger than the
     one being formed (False: always wait for it, exactly as Triton does)."""
     max_body_bytes: int = 64 * 1024 * 1024
-    """Largest inference request body accepted (HTTP 413 / gRPC RESOURCE_EXHAUSTED above it)."""
+    """Largest inference request body accepted, checked while it streams in (HTTP 413 / gRPC
+    RESOURCE_EXHAUSTED above it)."""
+    api_keys: SecretStr | None = None
+    """Comma-separated ``key[:tenant]`` entries; set (or ``api_keys_file`` set): inference needs an API key
+    (``X-API-Key`` header, ``x-api-key`` gRPC metadata). Unset: open. A key without a tenant is its own
+    anonymous-looking tenant ``default``."""
+    api_keys_file: Path | None = None
+    """A file of ``key[:tenant]`` lines (``#`` comments), re-read when it changes; adds to ``api_keys``."""
+    protect_metadata: bool = False
+    """Also require the API key on model metadata, readiness and configuration (health and /metrics stay open)."""
+    rate_limit_rps: float = 0.0
+    """Sustained requests per second each API key (tenant) may send; anonymous clients share one bucket.
+    0: no rate limit."""
+    rate_limit_burst: int = 0
+    """Requests a key may send at once above its rate (the bucket's size); 0: one second's worth."""
+    limits_file: Path | None = None
+    """TOML file of per-tenant and per-model rate-limit overrides (see README "Request shaping")."""
+    max_concurrency: int = 64
+    """Requests one model executes at once (all versions together); more wait in its queue. 0: no cap."""
+    max_queue: int = 256
+    """Requests that may wait for a model's concurrency slot; beyond it the lowest priority is refused at once
+    with 503 and ``Retry-After``."""
+    adaptive_concurrency: bool = False
+    """Lower a model's concurrency cap while its latency grows above the unloaded latency (and raise it back
+    while it does not), between 1 and ``max_concurrency``: the cap the backend sustains, found at run time."""
+    default_timeout_ms: float = 60_000.0
+    """Deadline of a request that names none (``timeout`` parameter, ``X-Request-Timeout``, gRPC deadline);
+    0: none."""
+    max_timeout_ms: float = 300_000.0
+    """Longest deadline a request may ask for; longer ones are cut to it."""
+    priority_levels: int = 3
+    """Priorities a request may name (1 highest … ``priority_levels`` lowest; 0 or none: ``default_priority``)."""
+    default_priority: int = 2
+    """Priority of a request that names none."""
+    embedded_max_queue: int = 1024
+    """Requests the embedded batcher of one version queues when its ``config.pbtxt`` sets no
+    ``max_queue_size``; beyond it the lowest priority is refused (503)."""
+    header_timeout_s: float = 10.0
+    """Time a client has, from connecting (or from its previous answer), to send a request's headers."""
+    body_timeout_s: float = 60.0
+    """Time a client has to send a request's whole body once its headers arrived."""
+    keep_alive_s: float = 75.0
+    """How long an idle keep-alive HTTP connection stays open; clients should drop idle connections sooner
+    (e.g. httpx ``keepalive_expiry`` below this) so they never reuse one the gateway is closing."""
+    max_connections: int = 4096
+    """Open HTTP connections at most; beyond it new connections are closed at once (keep it below the
+    process's file-descriptor limit)."""
     grpc_shutdown_grace_s: float = 5.0
     """How long gRPC calls in flight may finish when the gateway stops."""
     log_level: str = "info"
