@@ -59,6 +59,7 @@ def export(
     version_policy: str | VersionPolicy = "latest:1",
     max_queue_delay_us: int = 2000,
     preferred_batch_sizes: Sequence[int] = (),
+    priority_levels: int = 0,
     atol: float | None = None,
     rtol: float | None = None,
     opset: int | None = None,
@@ -73,7 +74,7 @@ def export(
         name=name, repository=str(repository), format=format, max_batch_size=max_batch_size,
         version=version, instances=instances, kind=kind, version_policy=policy,
         max_queue_delay_us=max_queue_delay_us, preferred_batch_sizes=tuple(preferred_batch_sizes),
-        atol=atol, rtol=rtol, opset=opset,
+        priority_levels=priority_levels, atol=atol, rtol=rtol, opset=opset,
     )
     report = progress or (lambda stage: None)
     repo = ModelRepository(options.repository)

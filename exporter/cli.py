@@ -51,6 +51,9 @@ def export_command(
     version_policy: Annotated[str, typer.Option(help="latest:N, all or specific:1,2.")] = "latest:1",
     max_queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher queue delay.")] = 2000,
     preferred_batch_size: Annotated[list[int] | None, typer.Option(help="Preferred batch sizes.")] = None,
+    priority_levels: Annotated[int, typer.Option(
+        help="Priority levels of the dynamic batcher (requests name 1 = highest .. N; 0: none)."
+    )] = 0,
     example_batch: Annotated[int, typer.Option(help="Batch size of the generated example inputs.")] = 2,
     atol: Annotated[float | None, typer.Option(help="Parity tolerance, absolute.")] = None,
     rtol: Annotated[float | None, typer.Option(help="Parity tolerance, relative.")] = None,
@@ -82,7 +85,8 @@ def export_command(
                 max_batch_size=max_batch_size, version=version, input_names=input_names,
                 dynamic_axes=axes or None, instances=instances, kind=kind,  # type: ignore[arg-type]
                 version_policy=version_policy, max_queue_delay_us=max_queue_delay_us,
-                preferred_batch_sizes=preferred_batch_size or (), atol=atol, rtol=rtol, progress=advance,
+                preferred_batch_sizes=preferred_batch_size or (), priority_levels=priority_levels,
+                atol=atol, rtol=rtol, progress=advance,
             )
             progress.update(tasks[current[-1]], completed=1)
     except ExportError as exc:

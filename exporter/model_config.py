@@ -38,6 +38,9 @@ def build_config(
     batching = config.dynamic_batching
     batching.max_queue_delay_microseconds = options.max_queue_delay_us
     batching.preferred_batch_size.extend(options.preferred_batch_sizes)
+    if options.priority_levels:
+        batching.priority_levels = options.priority_levels
+        batching.default_priority_level = (options.priority_levels + 1) // 2
     # Triton ignores a request's v2 ``timeout`` unless the queue policy allows overriding, and it only takes
     # overrides shorter than the default timeout (0 = none, which no override beats): so a generous cap.
     batching.default_queue_policy.allow_timeout_override = True

@@ -125,6 +125,9 @@ class ExportOptions:
     version_policy: VersionPolicy = field(default_factory=VersionPolicy)
     max_queue_delay_us: int = 2000
     preferred_batch_sizes: tuple[int, ...] = ()
+    priority_levels: int = 0
+    """Triton's dynamic-batching ``priority_levels`` (0: none): requests name 1 (highest) .. N; the default level
+    is the middle one, as the gateway's ``default_priority`` of its ``priority_levels``."""
     atol: float | None = None
     rtol: float | None = None
     opset: int | None = None
@@ -147,6 +150,8 @@ class ExportOptions:
             raise InvalidSpecError(f"instances must be at least 1 (got {self.instances})")
         if self.max_queue_delay_us < 0:
             raise InvalidSpecError(f"max_queue_delay_us must be >= 0 (got {self.max_queue_delay_us})")
+        if not 0 <= self.priority_levels <= 100:
+            raise InvalidSpecError(f"priority_levels must lie between 0 (none) and 100 (got {self.priority_levels})")
         bad = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch_size]
         if bad:
             raise InvalidSpecError(

@@ -24,9 +24,11 @@ from services.gateway.manager import VersionManager
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.repository import Catalog, RepositoryError
 from services.gateway.rest import Endpoints, add_routes
+from services.gateway.rest.openapi import install_openapi
 from services.gateway.routing import Router
 from services.gateway.settings import Settings
 from services.gateway.shadow import ShadowRunner
+from services.gateway.shaping.shaper import Shaper
 from services.gateway.state import FileStateStore, RedisStateStore, StateStore, default_state_path
 from services.gateway.traffic import TrafficWindows
 
@@ -51,6 +53,7 @@ def build_backend(
         intra_op_threads=settings.intra_op_threads,
         spinning=settings.intra_op_spinning,
         adaptive_delay=settings.batch_adaptive_delay,
+        max_queue=settings.embedded_max_queue,
     )
 
 
@@ -96,7 +99,8 @@ def create_app(
     store = state_store(settings)
     windows, shadows = TrafficWindows(), ShadowRunner(backend, leases, metrics, settings.shadow_max_pending)
     manager = VersionManager(settings, catalog, backend, router, leases, store, metrics, windows, shadows)
-    dataplane = DataPlane(catalog, backend, router, leases, metrics, windows, shadows)
+    shaper = Shaper(settings, metrics)
+    dataplane = DataPlane(catalog, backend, router, leases, metrics, windows, shadows, shaper)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -107,7 +111,12 @@ def create_app(
         grpc_server = None
         if settings.grpc_port is not None:
             grpc_server, app.state.grpc_port = await start_server(
-                dataplane, settings.host, settings.grpc_port, max_message_bytes=settings.max_body_bytes
+                dataplane,
+                settings.host,
+                settings.grpc_port,
+                max_message_bytes=settings.max_body_bytes,
+                connection_idle_s=settings.keep_alive_s,
+                handshake_timeout_s=settings.header_timeout_s,
             )
             log.info("gRPC listening on %s:%d", settings.host, app.state.grpc_port)
         if settings.gc_freeze:
@@ -120,6 +129,7 @@ def create_app(
                 await grpc_server.stop(settings.grpc_shutdown_grace_s)
             await manager.close()
             await backend.close()
+            await shaper.close()
 
     app = FastAPI(title="Switchyard gateway", version=SERVER_VERSION, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.dataplane = dataplane
@@ -127,4 +137,5 @@ def create_app(
     app.state.grpc_port = None
     add_routes(app, Endpoints(dataplane, max_body_bytes=settings.max_body_bytes))
     add_admin_routes(app, AdminEndpoints(manager, AdminAuth(settings.admin_token), settings))
+    install_openapi(app)
     return app

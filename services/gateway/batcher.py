@@ -4,17 +4,16 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from services.gateway.batch_queue import QueuedRequest, RankedQueue, Tensors
 from services.gateway.errors import DeadlineExceeded, GatewayError, InferenceFailed, Overloaded
 from services.gateway.types import Array
 
-Tensors = Mapping[str, Array]
 Execute = Callable[[dict[str, Array]], Awaitable[dict[str, Array]]]
 Observer = Callable[[int, list[float], float], None]
 """Called once per executed batch with (rows, queue wait of each request, execution seconds)."""
@@ -30,7 +29,7 @@ class BatchPolicy:
     merge: bool = True
     """False when the config has no ``dynamic_batching``: requests still queue but run one by one."""
     max_queue_size: int = 0
-    """0: unbounded."""
+    """Requests queued at most (0: unbounded); beyond it the lowest priority is refused with 503."""
     default_timeout_s: float = 0.0
     """0: requests wait in the queue as long as needed."""
     adaptive_delay: bool = True
@@ -38,22 +37,12 @@ class BatchPolicy:
     lone closed-loop client never waits for company that cannot come; under load batches still fill."""
 
 
-@dataclass(slots=True)
-class _Item:
-    inputs: Tensors
-    rows: int
-    future: asyncio.Future[dict[str, Array]]
-    enqueued: float
-    deadline: float | None
-    key: tuple[tuple[int, ...], ...]
-
-
 class DynamicBatcher:
     def __init__(self, execute: Execute, policy: BatchPolicy, observer: Observer | None = None) -> None:
         self._execute = execute
         self._policy = policy
         self._observer = observer
-        self._queue: collections.deque[_Item] = collections.deque()
+        self._queue = RankedQueue()
         self._workers: list[asyncio.Task[None]] = []
         self._busy = 0
         # Created in start() so that they belong to the running loop.
@@ -69,28 +58,44 @@ class DynamicBatcher:
         self._wakeup, self._forming, self._idle = asyncio.Event(), asyncio.Lock(), asyncio.Condition()
         self._workers = [asyncio.create_task(self._work()) for _ in range(max(self._policy.instances, 1))]
 
-    async def submit(self, inputs: Tensors, *, timeout_s: float | None = None) -> dict[str, Array]:
-        """Queue one request (batch dim first when the model batches) and wait for its own outputs."""
+    async def submit(self, inputs: Tensors, *, timeout_s: float | None = None, priority: int = 0) -> dict[str, Array]:
+        """Queue one request (batch dim first when the model batches) and wait for its own outputs. ``priority``:
+        lower values leave the queue first; a full queue refuses the lowest one (which may be a queued request)."""
         if self._wakeup is None:
             raise GatewayError("batcher used before start()")
         policy = self._policy
         if policy.max_queue_size and len(self._queue) >= policy.max_queue_size:
-            raise Overloaded(f"queue is full ({policy.max_queue_size} requests waiting)")
+            self._make_room(priority)
         now = time.monotonic()
         limits = [t for t in (timeout_s, policy.default_timeout_s) if t]
         first = next(iter(inputs.values()))
         rows = int(first.shape[0]) if policy.max_batch_size > 0 and first.ndim else 1
-        item = _Item(
+        item = QueuedRequest(
             inputs=inputs,
             rows=rows,
             future=asyncio.get_running_loop().create_future(),
             enqueued=now,
             deadline=now + min(limits) if limits else None,
             key=tuple(a.shape[1:] for a in inputs.values()),
+            rank=priority,
         )
         self._queue.append(item)
         self._wakeup.set()
         return await item.future
+
+    def _make_room(self, priority: int) -> None:
+        worst = self._queue.worst_rank()
+        limit = self._policy.max_queue_size
+        if worst is None or worst <= priority:
+            raise Overloaded(f"the batch queue is full ({limit} requests waiting)")
+        shed = self._queue.pop_worst()
+        if not shed.future.done():
+            shed.future.set_exception(
+                Overloaded(
+                    f"the batch queue is full ({limit} requests waiting): a request of higher priority took "
+                    "this one's place"
+                )
+            )
 
     async def drain(self) -> None:
         """Wait until nothing is queued or executing."""
@@ -123,7 +128,7 @@ class DynamicBatcher:
         async with self._idle:
             self._idle.notify_all()
 
-    def _take(self) -> _Item | None:
+    def _take(self) -> QueuedRequest | None:
         """Pop the next live item, failing the ones whose deadline passed while queued."""
         now = time.monotonic()
         while self._queue:
@@ -131,12 +136,14 @@ class DynamicBatcher:
             if item.future.done():  # the caller gave up (disconnect, deadline)
                 continue
             if item.deadline is not None and now > item.deadline:
-                item.future.set_exception(DeadlineExceeded("request timed out while queued"))
+                item.future.set_exception(
+                    DeadlineExceeded("the request's deadline passed while it waited in the batch queue")
+                )
                 continue
             return item
         return None
 
-    async def _collect(self) -> list[_Item]:
+    async def _collect(self) -> list[QueuedRequest]:
         """Wait for a first request, then gather more until the batch is full or its delay has passed. From the
         first request on the worker counts as busy, and a close() that cancels it answers what it holds."""
         assert self._wakeup is not None
@@ -157,7 +164,7 @@ class DynamicBatcher:
             raise
         return batch
 
-    async def _gather(self, batch: list[_Item]) -> None:
+    async def _gather(self, batch: list[QueuedRequest]) -> None:
         assert self._wakeup is not None
         item = batch[0]
         rows = item.rows
@@ -186,7 +193,7 @@ class DynamicBatcher:
             except TimeoutError:
                 break
 
-    async def _run(self, batch: list[_Item]) -> None:
+    async def _run(self, batch: list[QueuedRequest]) -> None:
         started = time.monotonic()
         rows = sum(item.rows for item in batch)
         self._recent_rows = 0.8 * self._recent_rows + 0.2 * rows

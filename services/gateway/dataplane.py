@@ -10,16 +10,19 @@ import asyncio
 import dataclasses
 import logging
 import time
+import uuid
 
 from tritonclient.grpc import model_config_pb2
 
 from services.gateway.backends.base import Backend
-from services.gateway.errors import DeadlineExceeded, GatewayError, ModelNotReady
+from services.gateway.errors import DeadlineExceeded, GatewayError, InferenceFailed, ModelNotReady
 from services.gateway.leases import Leases
-from services.gateway.metrics import GatewayMetrics
+from services.gateway.metrics import OTHER, GatewayMetrics
 from services.gateway.repository import Catalog
 from services.gateway.routing import Header, Router
 from services.gateway.shadow import ShadowRunner
+from services.gateway.shaping.keys import ANONYMOUS
+from services.gateway.shaping.shaper import Shaper
 from services.gateway.traffic import TrafficWindows
 from services.gateway.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
 from services.gateway.validation import validate
@@ -40,6 +43,7 @@ class DataPlane:
         metrics: GatewayMetrics,
         windows: TrafficWindows,
         shadows: ShadowRunner,
+        shaper: Shaper,
     ) -> None:
         self.catalog = catalog
         self.backend = backend
@@ -48,6 +52,7 @@ class DataPlane:
         self.metrics = metrics
         self.windows = windows
         self.shadows = shadows
+        self.shaper = shaper
 
     async def live(self) -> bool:
         """The gateway answering is its liveness. A dead backend makes it unready, not dead: a liveness
@@ -95,39 +100,39 @@ class DataPlane:
         return await self.backend.config(model, self.resolve(model, version))
 
     async def infer(self, request: InferRequest, *, protocol: str, header: Header | None = None) -> InferResponse:
-        """``header`` reads the request's headers (gRPC: metadata), for a sticky canary split."""
+        """``header`` reads the request's headers (gRPC: metadata), for a sticky canary split. The front end has
+        run the checks that come before validation (body size, API key, rate limit) and set the deadline."""
         started = time.perf_counter()
         model = request.model
         watched = request.version is None and model in self.windows.watched
         version: int | None = None
         try:
             version = self.router.route(model, request.version, header)
-            # Admitted: from here until the answer is ready the version cannot be drained away.
+            # Admitted: from here until the answer is ready the version cannot be drained away (a request waiting
+            # for a concurrency slot holds it too: it will be served by the version it was routed to).
             self.leases.acquire(model, version)
             try:
                 validate(request, await self.backend.metadata(model, version))
-                response = await self._call(request, version, started)
+                response = await self._admitted(request, version)
             finally:
                 self.leases.release(model, version)
             response.outputs = self._select(request, response)
-        except GatewayError as exc:
+        except Exception as exc:
+            error = self._client_error(exc, model, version)
             served = version if version is not None else request.version
-            self.record_error(model, "" if served is None else str(served), protocol, exc)
+            self.record_error(model, served, protocol, error, request.tenant)
             if version is not None:
-                exc.version = version  # the answer names the version that failed (a canary's, say)
+                error.version = version  # the answer names the version that failed (a canary's, say)
                 if watched:
-                    self.windows.observe(model, version, exc.status, time.perf_counter() - started)
-            raise
-        except Exception as exc:  # a bug, not the client's fault: log it, leak nothing
-            log.exception("unexpected error serving model '%s'", model)
-            error = GatewayError("internal server error", 500)
-            served = version if version is not None else request.version
-            self.record_error(model, "" if served is None else str(served), protocol, error)
+                    self.windows.observe(model, version, error.status, time.perf_counter() - started)
+            if error is exc:
+                raise
             raise error from exc
         elapsed = time.perf_counter() - started
         series = self.metrics.served(model, str(version), protocol)
         series.ok.inc()
         series.duration.observe(elapsed)
+        self.metrics.tenant(request.tenant, "200").inc()
         if request.version is None:
             if watched:
                 self.windows.observe(model, version, 200, elapsed)
@@ -136,27 +141,82 @@ class DataPlane:
                 self.shadows.offer(record.shadow, request, response)
         return response
 
-    def record_error(self, model: str, version: str, protocol: str, error: GatewayError) -> None:
-        """Count a failed request; front ends call it for errors raised before ``infer`` (bad framing)."""
-        self.metrics.requests.labels(model, version, protocol, str(error.status)).inc()
+    def record_error(
+        self, model: str, version: int | str | None, protocol: str, error: GatewayError, tenant: str = ANONYMOUS
+    ) -> None:
+        """Count a failed request; front ends call it for errors raised before ``infer`` (framing, API key, rate
+        limit). Labels come only from models and versions the repository knows (and the API keys' tenants): a
+        client inventing names must not grow the metrics."""
+        model_label, version_label = self._labels(model, version)
+        self.metrics.requests.labels(model_label, version_label, protocol, str(error.status)).inc()
+        self.metrics.tenant(tenant, str(error.status)).inc()
         if error.reason is not None:
-            self.metrics.rejected.labels(model, error.reason).inc()
+            self.metrics.rejected.labels(model_label, error.reason).inc()
 
-    async def _call(self, request: InferRequest, version: int, started: float) -> InferResponse:
-        timeout = request.timeout_s
-        if timeout is None:
-            return await self.backend.infer(request, version=version, timeout_s=None, priority=request.priority)
-        # The backend gets what is left of the budget once resolution and validation have spent theirs.
-        remaining = timeout - (time.perf_counter() - started)
+    def _labels(self, model: str, version: int | str | None) -> tuple[str, str]:
+        entry = self.catalog.entries.get(model)
+        if entry is None:
+            return OTHER, ""
+        if version is None or version == "":
+            return model, ""
+        number = version if isinstance(version, int) else _known_number(version)
+        if number is not None and (number in entry.available or self.backend.state(model, number) is not None):
+            return model, str(number)
+        return model, OTHER
+
+    def _client_error(self, exc: Exception, model: str, version: int | None) -> GatewayError:
+        """What the client is told. A 500 is a model or gateway failure: its cause goes to the log under a request
+        id and the client gets the id, never the runtime's text (it can hold paths, tensors, internals)."""
+        if isinstance(exc, GatewayError) and exc.status != 500:
+            return exc
+        request_id = uuid.uuid4().hex[:16]
+        target = f"model '{model}'" if version is None else f"model '{model}' version {version}"
+        if isinstance(exc, GatewayError):
+            log.error("request %s to %s failed: %s", request_id, target, exc, exc_info=exc.__cause__)
+            error: GatewayError = InferenceFailed(
+                f"inference failed on {target}; the gateway log has the cause (request id {request_id})"
+            )
+        else:  # a bug, not the client's fault
+            log.error("request %s to %s hit an unexpected error", request_id, target, exc_info=exc)
+            error = GatewayError(f"internal server error (request id {request_id})", 500)
+        error.request_id = request_id
+        return error
+
+    async def _admitted(self, request: InferRequest, version: int) -> InferResponse:
+        """Deadline, then the model's concurrency gate, then the backend with what is left of the budget."""
+        deadline = request.deadline
+        if deadline is not None and time.monotonic() >= deadline:
+            raise self._expired(request, "before it could be queued")
+        gate = self.shaper.gate(request.model)
+        if gate is None:
+            return await self._call(request, version)
+        await gate.enter(request.priority, deadline)
+        began = time.monotonic()
         try:
-            async with asyncio.timeout(max(remaining, 0.0)):
+            return await self._call(request, version)
+        finally:
+            gate.leave(time.monotonic() - began)
+
+    async def _call(self, request: InferRequest, version: int) -> InferResponse:
+        deadline = request.deadline
+        if deadline is None:
+            return await self.backend.infer(request, version=version, timeout_s=None, priority=request.priority)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise self._expired(request, "while it waited for a free slot")
+        try:
+            async with asyncio.timeout(remaining):
                 return await self.backend.infer(
                     request, version=version, timeout_s=remaining, priority=request.priority
                 )
         except TimeoutError:
-            raise DeadlineExceeded(
-                f"request to model '{request.model}' did not finish within its {timeout * 1e3:.1f} ms deadline"
-            ) from None
+            raise self._expired(request, "") from None
+
+    @staticmethod
+    def _expired(request: InferRequest, where: str) -> DeadlineExceeded:
+        budget = "its" if request.budget_s is None else f"its {format_duration(request.budget_s)}"
+        ended = f"passed {where}" if where else "passed before it finished"
+        return DeadlineExceeded(f"request to model '{request.model}': {budget} deadline {ended}")
 
     @staticmethod
     def _select(request: InferRequest, response: InferResponse) -> list[InferOutput]:
@@ -164,3 +224,17 @@ class DataPlane:
             return response.outputs
         by_name = {output.name: output for output in response.outputs}
         return [by_name[name] for name in request.outputs]
+
+
+def format_duration(seconds: float) -> str:
+    """``20.0 ms``, ``1 µs``: a deadline as a person reads it (a 1 µs budget must not print as ``0.0 ms``)."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def _known_number(version: str) -> int | None:
+    """A version label's number when it is a plain decimal the repository could hold; else ``None``."""
+    if 0 < len(version) <= 18 and version.isascii() and version.isdigit() and version[0] != "0":
+        return int(version)
+    return None

@@ -16,6 +16,8 @@ class GatewayError(Exception):
     """Seconds after which a retry may succeed (sent as ``Retry-After``); None: no hint."""
     version: int | None = None
     """The model version the request was routed to, when it got that far (sent as ``X-Model-Version``)."""
+    request_id: str | None = None
+    """Set on 500s: the id under which the gateway logged the cause (sent as ``X-Request-Id``)."""
     headers: Mapping[str, str] = MappingProxyType({})
     """More response headers (REST) / trailing metadata, lower-cased (gRPC): e.g. the rate-limit figures."""
 
@@ -81,6 +83,7 @@ class BackendUnavailable(GatewayError):
 class Overloaded(GatewayError):
     status = 503
     reason = "overload"
+    retry_after_s = 1  # a slot frees within a request's time: a second is a polite floor
 
 
 class DeadlineExceeded(GatewayError):

@@ -11,6 +11,8 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 SWAP_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 DIVERGENCE_BUCKETS = (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+OTHER = "_other"
+"""Label value of a model or version the repository does not know: made-up names share one series."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +28,7 @@ class GatewayMetrics:
         self.registry = registry
         self._served: dict[tuple[str, str, str], ServedSeries] = {}
         self._backend: dict[tuple[str, str], Any] = {}
+        self._tenants: dict[tuple[str, str], Any] = {}
         self.requests = Counter(
             "switchyard_requests_total",
             "Inference requests by outcome; code is the HTTP status (gRPC answers map to the same codes).",
@@ -59,9 +62,34 @@ class GatewayMetrics:
             ["model", "version"],
             registry=registry,
         )
+        self.tenant_requests = Counter(
+            "switchyard_tenant_requests_total",
+            "Inference requests by API-key tenant (\"anonymous\" without keys) and HTTP status code.",
+            ["tenant", "code"],
+            registry=registry,
+        )
+        self.queued = Gauge(
+            "switchyard_admission_waiting",
+            "Requests waiting for a concurrency slot of the model.",
+            ["model"],
+            registry=registry,
+        )
+        self.executing = Gauge(
+            "switchyard_admission_executing",
+            "Requests of the model past its concurrency gate (executing or in the backend's own queue).",
+            ["model"],
+            registry=registry,
+        )
+        self.concurrency_limit = Gauge(
+            "switchyard_admission_limit",
+            "Requests the model may execute at once (moves when the limit is adaptive).",
+            ["model"],
+            registry=registry,
+        )
         self.rejected = Counter(
             "switchyard_rejected_total",
-            "Requests turned away by the gateway before reaching a model.",
+            "Requests turned away by the gateway before reaching a model, by reason: too_large, unauthorized, "
+            "rate_limit, invalid, not_found, deadline, overload.",
             ["model", "reason"],
             registry=registry,
         )
@@ -139,4 +167,12 @@ class GatewayMetrics:
         child = self._backend.get((model, version))
         if child is None:
             child = self._backend[(model, version)] = self.backend_duration.labels(model, version)
+        return child
+
+    def tenant(self, tenant: str, code: str) -> Any:
+        """``tenant_requests`` of one tenant and status, looked up once (tenants come from the API keys)."""
+        key = (tenant, code)
+        child = self._tenants.get(key)
+        if child is None:
+            child = self._tenants[key] = self.tenant_requests.labels(tenant, code)
         return child

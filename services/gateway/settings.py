@@ -77,8 +77,8 @@ class Settings(BaseSettings):
     RESOURCE_EXHAUSTED above it)."""
     api_keys: SecretStr | None = None
     """Comma-separated ``key[:tenant]`` entries; set (or ``api_keys_file`` set): inference needs an API key
-    (``X-API-Key`` header, ``x-api-key`` gRPC metadata). Unset: open. A key without a tenant is its own
-    anonymous-looking tenant ``default``."""
+    (``X-API-Key`` header, ``x-api-key`` gRPC metadata). Unset: open. A key without a tenant is its own tenant,
+    ``key-`` and the first 8 hex digits of the key's SHA-256."""
     api_keys_file: Path | None = None
     """A file of ``key[:tenant]`` lines (``#`` comments), re-read when it changes; adds to ``api_keys``."""
     protect_metadata: bool = False
@@ -111,7 +111,8 @@ class Settings(BaseSettings):
     """Requests the embedded batcher of one version queues when its ``config.pbtxt`` sets no
     ``max_queue_size``; beyond it the lowest priority is refused (503)."""
     header_timeout_s: float = 10.0
-    """Time a client has, from connecting (or from its previous answer), to send a request's headers."""
+    """Time a client has, from connecting (or from the first byte of its next request on a kept-alive connection),
+    to send a request's complete headers; the idle time between requests is ``keep_alive_s``'s."""
     body_timeout_s: float = 60.0
     """Time a client has to send a request's whole body once its headers arrived."""
     keep_alive_s: float = 75.0

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from services.gateway.app import create_app
 from services.gateway.backends.triton import ConfigTransform
+from services.gateway.server import uvicorn_config
 from services.gateway.settings import Settings
 from services.gateway.types import Array
 from services.modelrepo import layout
@@ -67,9 +68,7 @@ def _serve(
 ) -> Iterator[RunningGateway]:
     registry = CollectorRegistry()
     app = create_app(settings, registry=registry, config_transform=config_transform)
-    config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, loop="uvloop", http="httptools", log_level="warning"
-    )
+    config = uvicorn_config(settings, app, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="switchyard-gateway", daemon=True)
     thread.start()

@@ -62,8 +62,16 @@ class InferRequest:
     outputs: tuple[str, ...] | None = None
     """Requested output names, in the order to return them; ``None`` asks for all of them."""
     timeout_s: float | None = None
-    """Deadline budget from the client (v2 ``timeout`` parameter); the backend receives what is left."""
+    """The v2 ``timeout`` parameter (seconds), as the client sent it; ``budget_s`` is what the gateway applies."""
     priority: int = 0
+    """The v2 ``priority`` parameter as decoded; the front end replaces it with the rank the gateway applies
+    (1 highest .. ``priority_levels``)."""
+    budget_s: float | None = None
+    """The request's whole deadline budget in seconds (from every place it names one, or the default)."""
+    deadline: float | None = None
+    """``time.monotonic()`` at which the budget runs out; the backend receives what is left of it."""
+    tenant: str = "anonymous"
+    """Who sent it (the API key's tenant), for metrics; never the key."""
     parameters: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -25,7 +25,7 @@ def parse_config(path: Path) -> mc.ModelConfig:
 def test_export_writes_verified_onnx_version_when_classifier_exported(repo: Path) -> None:
     module = build_classifier()
     result = export(module, classifier_inputs(2), name="classifier", repository=repo,
-                    input_names=["image"], version_policy="all", preferred_batch_sizes=[8, 16])
+                    input_names=["image"], version_policy="all", preferred_batch_sizes=[8, 16], priority_levels=3)
 
     assert result.version == 1
     assert result.model_dir == repo / "classifier" / "1"
@@ -41,6 +41,7 @@ def test_export_writes_verified_onnx_version_when_classifier_exported(repo: Path
     assert [(t.name, t.data_type, list(t.dims)) for t in config.output] == [("output", mc.TYPE_FP32, [10])]
     assert list(config.dynamic_batching.preferred_batch_size) == [8, 16]
     assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert (config.dynamic_batching.priority_levels, config.dynamic_batching.default_priority_level) == (3, 2)
     # Without both, Triton ignores the request's v2 timeout parameter the gateway sends.
     assert config.dynamic_batching.default_queue_policy.allow_timeout_override
     assert config.dynamic_batching.default_queue_policy.default_timeout_microseconds == 300_000_000
@@ -173,6 +174,7 @@ def test_export_refuses_name_when_it_is_not_a_safe_directory_name(repo: Path, na
         ({"format": "tflite"}, "expected 'onnx' or 'torchscript'"),
         ({"version_policy": "newest"}, "expected 'latest:N', 'all' or 'specific:1,2'"),
         ({"preferred_batch_sizes": [64]}, "between 1 and max_batch_size=32"),
+        ({"priority_levels": -1}, "priority_levels must lie between 0"),
     ],
 )
 def test_export_refuses_options_when_they_are_invalid(repo: Path, kwargs: dict[str, object], message: str) -> None:

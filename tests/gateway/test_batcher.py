@@ -123,7 +123,7 @@ async def test_batcher_times_out_queued_request_when_default_timeout_passes() ->
     batcher = await started(execute, max_batch_size=1, default_timeout_s=0.03)
     first = asyncio.create_task(batcher.submit(rows(1, 0)))
     await asyncio.sleep(0.01)
-    with pytest.raises(DeadlineExceeded, match="request timed out while queued"):
+    with pytest.raises(DeadlineExceeded, match="deadline passed while it waited in the batch queue"):
         await batcher.submit(rows(1, 1))
     await first
     await batcher.close()

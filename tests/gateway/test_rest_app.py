@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 from asgi_lifespan import LifespanManager
 from prometheus_client import CollectorRegistry
 from scripted_backend import ScriptedBackend
@@ -84,7 +85,7 @@ async def test_infer_answers_504_and_passes_budget_when_deadline_expires(
     body = {"inputs": [X], "parameters": {"timeout": 20_000, "priority": 2}}
     response = await client.post("/v2/models/double/infer", json=body)
     assert response.status_code == 504
-    assert response.json() == {"error": "request to model 'double' did not finish within its 20.0 ms deadline"}
+    assert response.json() == {"error": "request to model 'double': its 20.0 ms deadline passed before it finished"}
     [(version, budget_s, priority)] = backend.calls
     assert (version, priority) == (1, 2)
     assert 0 < budget_s <= 0.02  # what is left of the 20 ms once the gateway has validated the request
@@ -92,11 +93,17 @@ async def test_infer_answers_504_and_passes_budget_when_deadline_expires(
 
 
 async def test_infer_answers_backend_status_when_backend_fails(
-    client: httpx.AsyncClient, backend: ScriptedBackend, registry: CollectorRegistry
+    client: httpx.AsyncClient, backend: ScriptedBackend, registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
-    backend.failure = InferenceFailed("inference failed: boom")
+    backend.failure = InferenceFailed("inference failed: boom at /srv/secret/path")
     response = await client.post("/v2/models/double/infer", json={"inputs": [X]})
-    assert (response.status_code, response.json()) == (500, {"error": "inference failed: boom"})
+    request_id = response.headers["x-request-id"]
+    assert (response.status_code, response.json()) == (500, {"error": (
+        f"inference failed on model 'double' version 1; the gateway log has the cause (request id {request_id})"
+    )})
+    assert any(request_id in r.getMessage() and "boom at /srv/secret/path" in r.getMessage() for r in caplog.records)
+    labels500 = {"model": "double", "version": "1", "protocol": "http", "code": "500"}
+    assert registry.get_sample_value("switchyard_requests_total", labels500) == 1
     backend.failure = Overloaded("queue is full (4 requests waiting)")
     response = await client.post("/v2/models/double/infer", json={"inputs": [X]})
     assert (response.status_code, response.json()) == (503, {"error": "queue is full (4 requests waiting)"})
@@ -111,7 +118,7 @@ async def test_infer_answers_500_without_internals_when_backend_crashes(
     backend.failure = RuntimeError("secret internal detail")
     response = await client.post("/v2/models/double/infer", json={"inputs": [X]})
     assert response.status_code == 500
-    assert response.json() == {"error": "internal server error"}
+    assert response.json() == {"error": f"internal server error (request id {response.headers['x-request-id']})"}
 
 
 async def test_infer_answers_413_when_body_exceeds_limit(

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from tritonclient.http import InferResult
 
 from services.gateway.errors import InvalidInput
 from services.gateway.rest.codec import decode_request, encode_response
@@ -54,9 +55,12 @@ def test_decode_request_reads_nested_json_data_when_no_binary() -> None:
         ({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]}, "input 'x': needs 'data' or a binary"),
         (
             {"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": ["a", "b"]}]},
-            "input 'x': data is not a valid FP32 array",
+            'input \'x\': FP32 data must be numbers (or "NaN", "Infinity", "-Infinity"), got the string "a" at index 0',
         ),
-        ({"inputs": [], "parameters": {"timeout": "soon"}}, "parameter 'timeout' must be an integer, got 'soon'"),
+        (
+            {"inputs": [], "parameters": {"timeout": "soon"}},
+            "parameter 'timeout' must be a non-negative integer (microseconds), got the string \"soon\"",
+        ),
         ({"inputs": [], "outputs": {"name": "y"}}, "'outputs' must be a list"),
     ],
 )
@@ -94,3 +98,36 @@ def test_encode_response_returns_plain_json_when_no_binary_output() -> None:
     body, header_length = encode_response(response, OutputFormat())
     assert header_length is None
     assert json.loads(body)["outputs"][0]["data"] == [1, 2]
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
+def test_decode_request_reads_non_finite_spellings_when_float_tensor(datatype: str) -> None:
+    x = {"name": "x", "shape": [4], "datatype": datatype, "data": ["NaN", "Infinity", "-Infinity", 0.5]}
+    request, _ = decode_request(json.dumps({"inputs": [x]}).encode(), None, "m", None)
+    data = request.inputs[0].data
+    assert data.dtype == np.dtype(datatype.replace("FP", "float"))
+    np.testing.assert_array_equal(data, np.array([np.nan, np.inf, -np.inf, 0.5]))
+
+
+@pytest.mark.parametrize(
+    ("datatype", "values"),
+    [("INT8", [-128, 127]), ("UINT8", [0, 255]), ("INT64", [-(2**63), 2**63 - 1]), ("UINT64", [0, 2**64 - 1])],
+)
+def test_decode_request_keeps_exact_values_when_integers_at_range_limits(datatype: str, values: list[int]) -> None:
+    x = {"name": "x", "shape": [2], "datatype": datatype, "data": values}
+    request, _ = decode_request(json.dumps({"inputs": [x]}).encode(), None, "m", None)
+    assert request.inputs[0].data.tolist() == values
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
+def test_encode_response_spells_non_finite_values_when_json_output(datatype: str) -> None:
+    from services.gateway.rest.codec import OutputFormat
+
+    y = np.array([[np.nan, np.inf], [-np.inf, 1.5]], dtype=datatype.replace("FP", "float"))
+    body, header_length = encode_response(InferResponse("m", 1, [InferOutput("y", datatype, y)]), OutputFormat())
+    assert header_length is None
+    assert json.loads(body)["outputs"][0]["data"] == ["NaN", "Infinity", "-Infinity", 1.5]
+    # what tritonclient.http's as_numpy makes of them: numpy reads the spellings as the floats they name
+    got = InferResult.from_response_body(body).as_numpy("y")
+    assert got.dtype == y.dtype
+    np.testing.assert_array_equal(got, y)

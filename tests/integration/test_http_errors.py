@@ -16,7 +16,8 @@ from services.gateway.testing import RunningGateway
 
 def _mlp_input(shape: list[int], datatype: str = "FP32", **extra: Any) -> dict[str, Any]:
     count = int(np.prod(shape))
-    return {"name": "features", "shape": shape, "datatype": datatype, "data": [0.0] * count, **extra}
+    value: float = 0.0 if datatype.startswith("FP") else 0  # JSON floats are refused for integer tensors
+    return {"name": "features", "shape": shape, "datatype": datatype, "data": [value] * count, **extra}
 
 
 @pytest.mark.parametrize(
@@ -153,9 +154,9 @@ def test_http_metadata_answers_404_when_model_or_version_unknown(gateway: Runnin
     base = f"http://{gateway.http_url}/v2/models"
     assert httpx.get(f"{base}/nope").json() == {"error": "unknown model 'nope'"}
     assert httpx.get(f"{base}/nope").status_code == 404
-    response = httpx.get(f"{base}/mlp/versions/x/config")
-    assert response.status_code == 404
-    assert response.json() == {"error": "model 'mlp' has no version 'x' (versions are integers)"}
+    response = httpx.get(f"{base}/mlp/versions/x/config")  # not a version at all: the client's mistake
+    assert response.status_code == 400
+    assert response.json() == {"error": "versions are decimal integers like 1 or 12, got 'x'"}
     assert httpx.get(f"{base}/mlp/versions/5/ready").status_code == 404
     assert httpx.get(f"http://{gateway.http_url}/v2/nothing-here").json() == {"error": "Not Found"}
 

@@ -105,7 +105,10 @@ async def test_request_gets_504_and_triton_its_timeout_when_budget_expires_in_tr
 async def test_request_without_deadline_gets_504_after_safety_timeout_when_triton_never_answers(
     proxy: RecordingProxy, repository: Path
 ) -> None:
-    settings = gateway_settings(f"127.0.0.1:{proxy.port}", repository, triton_infer_timeout_s=0.5)
+    # No default deadline either: the gateway's own safety net is then all that bounds the call.
+    settings = gateway_settings(
+        f"127.0.0.1:{proxy.port}", repository, triton_infer_timeout_s=0.5, default_timeout_ms=0
+    )
     features = sample("mlp", rows=1)["features"]
     body = {
         "id": "held-1",

@@ -40,7 +40,8 @@ class EmbeddedBackend:
     """Serves ``onnxruntime_onnx`` and ``pytorch_libtorch`` models from a repository folder; other models are
     reported unavailable with the reason.
 
-    ``priority`` is accepted but not used: the batcher serves requests in arrival order.
+    ``priority`` orders each version's batch queue (lower first); the queue is bounded by the config's
+    ``max_queue_size`` or, without one, by ``max_queue``.
     """
 
     def __init__(
@@ -51,7 +52,9 @@ class EmbeddedBackend:
         intra_op_threads: int | None = None,
         spinning: bool = False,
         adaptive_delay: bool = True,
+        max_queue: int = 1024,
     ) -> None:
+        self._max_queue = max_queue
         self._catalog = catalog
         self._metrics = metrics
         self._threads = intra_op_threads
@@ -132,7 +135,7 @@ class EmbeddedBackend:
             return await loop.run_in_executor(pool, runner.run, inputs)
 
         slot.batcher = DynamicBatcher(
-            execute, _policy(config, instances, self._adaptive_delay), self._observer(model, version)
+            execute, _policy(config, instances, self._adaptive_delay, self._max_queue), self._observer(model, version)
         )
         slot.pool = pool
         await slot.batcher.start()
@@ -165,7 +168,8 @@ class EmbeddedBackend:
         slot = self._slot(request.model, version)
         if slot.state is not VersionState.READY or slot.batcher is None:
             raise ModelNotReady(f"model '{request.model}' version {version} is not ready")
-        outputs = await slot.batcher.submit({i.name: i.data for i in request.inputs}, timeout_s=timeout_s)
+        inputs = {i.name: i.data for i in request.inputs}
+        outputs = await slot.batcher.submit(inputs, timeout_s=timeout_s, priority=priority)
         return InferResponse(
             model=request.model,
             version=version,
@@ -234,7 +238,9 @@ def _model_problem(entry: repository.ModelEntry) -> str | None:
     return None
 
 
-def _policy(config: model_config_pb2.ModelConfig, instances: int, adaptive_delay: bool) -> BatchPolicy:
+def _policy(
+    config: model_config_pb2.ModelConfig, instances: int, adaptive_delay: bool, max_queue: int
+) -> BatchPolicy:
     dynamic = config.HasField("dynamic_batching")
     batching = config.dynamic_batching
     queue = batching.default_queue_policy
@@ -244,7 +250,7 @@ def _policy(config: model_config_pb2.ModelConfig, instances: int, adaptive_delay
         max_queue_delay_s=batching.max_queue_delay_microseconds / 1e6,
         instances=instances,
         merge=dynamic and config.max_batch_size > 0,
-        max_queue_size=int(queue.max_queue_size),
+        max_queue_size=int(queue.max_queue_size) or max_queue,
         default_timeout_s=queue.default_timeout_microseconds / 1e6,
         adaptive_delay=adaptive_delay,
     )

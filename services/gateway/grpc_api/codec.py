@@ -1,4 +1,8 @@
-"""KServe v2 gRPC messages <-> dataplane types (``raw_input_contents`` and typed contents)."""
+"""KServe v2 gRPC messages <-> dataplane types (``raw_input_contents`` and typed contents).
+
+Any ``ModelInferRequest`` a client can build decodes to a request or raises ``InvalidInput``. Raw contents are the
+client's bytes and pass as they are (NaN and inf included); typed contents are checked against the datatype's
+range, since the proto fields are wider than the small types (``int_contents`` carries INT8 as int32)."""
 
 from __future__ import annotations
 
@@ -8,8 +12,9 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from services.gateway.datatypes import numpy_dtype
-from services.gateway.errors import InvalidInput, ModelNotFound
+from services.gateway import versions
+from services.gateway.datatypes import checked_shape, narrow, numpy_dtype, shaped
+from services.gateway.errors import InvalidInput
 from services.gateway.types import InferInput, InferRequest, InferResponse, ModelMetadata
 
 _CONTENTS = {
@@ -25,14 +30,22 @@ _CONTENTS = {
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
 }
+_FIELD_DTYPES = {
+    "bool_contents": np.dtype(np.bool_),
+    "int_contents": np.dtype(np.int32),
+    "int64_contents": np.dtype(np.int64),
+    "uint_contents": np.dtype(np.uint32),
+    "uint64_contents": np.dtype(np.uint64),
+    "fp32_contents": np.dtype(np.float32),
+    "fp64_contents": np.dtype(np.float64),
+}
+"""What each ``InferTensorContents`` field holds: the values arrive as these, then narrow to the datatype."""
+_INTEGER_PARAMS = ("int64_param", "uint64_param")
 
 
 def parse_version(model: str, raw: str) -> int | None:
-    if raw == "":
-        return None
-    if not raw.isdigit():
-        raise ModelNotFound(f"model '{model}' has no version '{raw}' (versions are integers)")
-    return int(raw)
+    """``versions.parse_version``; kept with the model argument because the servicer calls it this way."""
+    return versions.parse_version(raw)
 
 
 def decode_request(message: Any) -> InferRequest:
@@ -41,44 +54,59 @@ def decode_request(message: Any) -> InferRequest:
         raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs")
     inputs = [_decode_input(tensor, raw[i] if raw else None) for i, tensor in enumerate(message.inputs)]
     params = message.parameters
-    timeout_s = None
-    if "timeout" in params and params["timeout"].int64_param > 0:
-        timeout_s = params["timeout"].int64_param / 1e6  # microseconds, as in Triton
-    priority = 0
-    if "priority" in params:
-        priority = int(params["priority"].uint64_param or params["priority"].int64_param)
+    timeout = _natural(params, "timeout")  # microseconds, as in Triton; tritonclient sends an int64_param
     return InferRequest(
         model=message.model_name,
-        version=parse_version(message.model_name, message.model_version),
+        version=versions.parse_version(message.model_version),
         inputs=inputs,
         id=message.id,
         outputs=tuple(o.name for o in message.outputs) if len(message.outputs) else None,
-        timeout_s=timeout_s,
-        priority=priority,
+        timeout_s=timeout / 1e6 if timeout else None,
+        priority=_natural(params, "priority") or 0,  # tritonclient sends a uint64_param
     )
 
 
 def _decode_input(tensor: Any, raw: bytes | None) -> InferInput:
     name, datatype = tensor.name, tensor.datatype
-    shape = tuple(int(d) for d in tensor.shape)
-    if any(d < 0 for d in shape):
-        raise InvalidInput(f"input '{name}': shape must be non-negative, got {list(shape)}")
+    shape = checked_shape(tensor.shape, name)
     dtype = numpy_dtype(datatype, name)
     count = math.prod(shape)
+    given = [fd.name for fd, _ in tensor.contents.ListFields()]  # only the non-empty fields
     if raw is not None:
+        if given:  # which one would the client mean? Triton refuses this too
+            raise InvalidInput(
+                f"input '{name}': give each input's data either in contents or in raw_input_contents, not both"
+            )
         if len(raw) != count * dtype.itemsize:
             raise InvalidInput(
                 f"input '{name}': shape {list(shape)} of {datatype} needs {count * dtype.itemsize} bytes, "
                 f"got {len(raw)}"
             )
-        return InferInput(name, datatype, shape, np.frombuffer(raw, dtype=dtype).reshape(shape))
+        return InferInput(name, datatype, shape, shaped(np.frombuffer(raw, dtype=dtype), shape, name))
     field = _CONTENTS.get(datatype)
     if field is None:
         raise InvalidInput(f"input '{name}': {datatype} data must be sent in raw_input_contents")
-    data = np.asarray(getattr(tensor.contents, field), dtype=dtype)
-    if data.size != count:
-        raise InvalidInput(f"input '{name}': shape {list(shape)} needs {count} values, got {data.size}")
-    return InferInput(name, datatype, shape, data.reshape(shape))
+    if given and given != [field]:
+        wrong = ", ".join(f"contents.{g}" for g in given)
+        raise InvalidInput(f"input '{name}': {datatype} values go in contents.{field}, got {wrong}")
+    values = getattr(tensor.contents, field)
+    if len(values) != count:
+        raise InvalidInput(f"input '{name}': shape {list(shape)} needs {count} values, got {len(values)}")
+    data = narrow(np.asarray(values, dtype=_FIELD_DTYPES[field]), dtype, datatype, name)
+    return InferInput(name, datatype, shape, shaped(data, shape, name))
+
+
+def _natural(params: Any, key: str) -> int | None:
+    """A non-negative integer parameter, or None when absent; Triton's own clients send int64 or uint64."""
+    if key not in params:
+        return None
+    kind = params[key].WhichOneof("parameter_choice")
+    if kind not in _INTEGER_PARAMS:
+        raise InvalidInput(f"parameter '{key}' must be an int64_param or uint64_param, got {kind or 'no value'}")
+    value: int = getattr(params[key], kind)
+    if value < 0:
+        raise InvalidInput(f"parameter '{key}' must be a non-negative integer, got {value}")
+    return value
 
 
 def encode_response(response: InferResponse) -> Any:

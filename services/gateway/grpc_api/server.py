@@ -8,18 +8,49 @@ from tritonclient.grpc import service_pb2_grpc
 from services.gateway.dataplane import DataPlane
 from services.gateway.grpc_api.servicer import InferenceServicer
 
+# Streams one connection may have open at once. The gateway admits far fewer requests per model (max_concurrency
+# plus max_queue, 320 by default) and refuses the rest, so a client multiplexing on one channel never waits on
+# this; it only stops one connection from piling up calls (each a task and its message) without bound.
+MAX_CONCURRENT_STREAMS = 1024
+
+# Keep-alive ping policy, Triton's server defaults, so clients configured for Triton behave the same here: pings
+# without calls count as strikes, more than one ping per 5 minutes without data is a strike, and two strikes end
+# the connection (GOAWAY "too_many_pings"): a client cannot hold a connection open with pings alone.
+PING_POLICY: list[tuple[str, int]] = [
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 300_000),
+    ("grpc.http2.max_ping_strikes", 2),
+]
+
 
 async def start_server(
-    dataplane: DataPlane, host: str, port: int, *, max_message_bytes: int
+    dataplane: DataPlane,
+    host: str,
+    port: int,
+    *,
+    max_message_bytes: int,
+    connection_idle_s: float | None = None,
+    handshake_timeout_s: float | None = None,
 ) -> tuple[grpc.aio.Server, int]:
-    """Start a ``grpc.aio`` server on the running loop (the same one uvicorn serves HTTP on)."""
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.so_reuseport", 0),
-        ]
-    )
+    """Start a ``grpc.aio`` server on the running loop (the same one uvicorn serves HTTP on).
+
+    ``connection_idle_s``: a connection without calls for this long gets GOAWAY and closes; ``handshake_timeout_s``:
+    a connection that has not completed the HTTP/2 handshake by then is closed (a silent socket). None: gRPC's
+    defaults (never, and 120 s)."""
+    options: list[tuple[str, int]] = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+        *PING_POLICY,
+    ]
+    # No grpc.max_connection_age_ms (nor its grace): every method is unary, so a busy connection holds nothing
+    # long; forcing reconnects would only cost handshakes.
+    if connection_idle_s is not None:
+        options.append(("grpc.max_connection_idle_ms", max(int(connection_idle_s * 1000), 1)))
+    if handshake_timeout_s is not None:
+        options.append(("grpc.server_handshake_timeout_ms", max(int(handshake_timeout_s * 1000), 1)))
+    server = grpc.aio.server(options=options)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()

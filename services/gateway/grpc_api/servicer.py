@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -12,6 +14,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from services.gateway.dataplane import DataPlane
 from services.gateway.errors import GatewayError, ModelNotFound
 from services.gateway.grpc_api.codec import decode_request, encode_metadata, encode_response, parse_version
+from services.gateway.shaping.keys import ANONYMOUS
 
 log = logging.getLogger(__name__)
 PROTOCOL = "grpc"
@@ -19,6 +22,8 @@ T = TypeVar("T")
 
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -45,12 +50,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return service_pb2.ServerReadyResponse(ready=await self._dataplane.ready())
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        try:
-            version = parse_version(request.name, request.version)
-            ready = await self._dataplane.model_ready(request.name, version)
-        except ModelNotFound:  # Triton answers ready=false here rather than an error
-            ready = False
-        return service_pb2.ModelReadyResponse(ready=ready)
+        async def call() -> Any:
+            self._dataplane.shaper.authenticate_metadata(_metadata(context)("x-api-key"))
+            version = parse_version(request.name, request.version)  # a malformed one is INVALID_ARGUMENT
+            try:
+                ready = await self._dataplane.model_ready(request.name, version)
+            except ModelNotFound:  # Triton answers ready=false here rather than an error
+                ready = False
+            return service_pb2.ModelReadyResponse(ready=ready)
+
+        return await _guard(context, call)
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         meta = self._dataplane.server_metadata()
@@ -62,6 +71,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         async def call() -> Any:
+            self._dataplane.shaper.authenticate_metadata(_metadata(context)("x-api-key"))
             version = parse_version(request.name, request.version)
             return encode_metadata(await self._dataplane.model_metadata(request.name, version))
 
@@ -69,6 +79,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         async def call() -> Any:
+            self._dataplane.shaper.authenticate_metadata(_metadata(context)("x-api-key"))
             version = parse_version(request.name, request.version)
             config = await self._dataplane.model_config(request.name, version)
             return service_pb2.ModelConfigResponse(config=config)
@@ -76,15 +87,30 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return await _guard(context, call)
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        async def call() -> Any:
-            try:
-                decoded = decode_request(request)
-            except GatewayError as exc:
-                self._dataplane.record_error(request.model_name, request.model_version, PROTOCOL, exc)
-                raise
-            return encode_response(await self._dataplane.infer(decoded, protocol=PROTOCOL, header=_metadata(context)))
-
-        return await _guard(context, call)
+        started = time.monotonic()
+        dataplane = self._dataplane
+        shaper = dataplane.shaper
+        lookup = _metadata(context)
+        tenant = ANONYMOUS
+        try:
+            tenant = shaper.authenticate(lookup("x-api-key"))
+            limits = await shaper.rate_limit(tenant, request.model_name)
+            decoded = decode_request(request)
+            decoded.tenant = tenant
+            budget = shaper.deadlines.budget(decoded.timeout_s, None, context.time_remaining())
+            if budget is not None:
+                decoded.budget_s, decoded.deadline = budget, started + budget
+            decoded.priority = shaper.priorities.rank(decoded.priority, None)
+        except GatewayError as exc:
+            dataplane.record_error(request.model_name, request.model_version, PROTOCOL, exc, tenant)
+            return await _abort(context, exc)
+        try:
+            response = await dataplane.infer(decoded, protocol=PROTOCOL, header=lookup)
+        except GatewayError as exc:  # counted by the dataplane
+            return await _abort(context, exc)
+        if limits:
+            context.set_trailing_metadata(tuple((name.lower(), value) for name, value in limits.items()))
+        return encode_response(response)
 
 
 def _metadata(context: grpc.aio.ServicerContext[Any, Any]) -> Callable[[str], str | None]:
@@ -103,13 +129,25 @@ async def _guard(context: grpc.aio.ServicerContext[Any, Any], call: Callable[[],
     try:
         return await call()
     except GatewayError as exc:
-        trailers = []
-        if exc.retry_after_s is not None:
-            trailers.append(("retry-after", str(exc.retry_after_s)))
-        if exc.version is not None:
-            trailers.append(("x-model-version", str(exc.version)))
-        await context.abort(status_code(exc), str(exc), trailing_metadata=tuple(trailers))
+        await _abort(context, exc)
     except Exception:
-        log.exception("unexpected error in a gRPC call")
-        await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
+        request_id = uuid.uuid4().hex[:16]
+        log.exception("request %s: unexpected error in a gRPC call", request_id)
+        await context.abort(
+            grpc.StatusCode.INTERNAL,
+            f"internal server error (request id {request_id})",
+            trailing_metadata=(("x-request-id", request_id),),
+        )
     raise AssertionError("unreachable: context.abort raises")
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: GatewayError) -> Any:
+    """End the call with the error's code and message; what REST sends as headers goes in trailing metadata."""
+    trailers = [(name.lower(), value) for name, value in error.headers.items()]
+    if error.retry_after_s is not None:
+        trailers.append(("retry-after", str(error.retry_after_s)))
+    if error.version is not None:
+        trailers.append(("x-model-version", str(error.version)))
+    if error.request_id is not None:
+        trailers.append(("x-request-id", error.request_id))
+    await context.abort(status_code(error), str(error), trailing_metadata=tuple(trailers))

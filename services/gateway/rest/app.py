@@ -4,6 +4,7 @@ failure the v2 error shape."""
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
@@ -12,13 +13,14 @@ from starlette.routing import Route
 
 from services.gateway.errors import GatewayError
 from services.gateway.rest.endpoints import Endpoints
-from services.gateway.rest.responses import error_response
+from services.gateway.rest.responses import error_response, gateway_error_response
 
 log = logging.getLogger(__name__)
+Handler = Callable[[Request], Awaitable[Response]]
 
 
 def add_routes(app: FastAPI, endpoints: Endpoints) -> None:
-    routes: list[tuple[str, Callable[[Request], Awaitable[Response]], str]] = [
+    routes: list[tuple[str, Handler, str]] = [
         ("/v2", endpoints.server_metadata, "GET"),
         ("/v2/health/live", endpoints.live, "GET"),
         ("/v2/health/ready", endpoints.ready, "GET"),
@@ -34,23 +36,38 @@ def add_routes(app: FastAPI, endpoints: Endpoints) -> None:
     ]
     # Plain Starlette routes: no dependency injection or body models on the hot path, the codec parses.
     for path, handler, method in routes:
-        app.router.routes.append(Route(path, handler, methods=[method]))
+        app.router.routes.append(Route(path, _guarded(handler), methods=[method]))
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)
 
 
+def _guarded(handler: Handler) -> Handler:
+    """Every failure of a v2 route becomes its answer inside the route: an exception that reached the server would
+    be answered 500 and the keep-alive connection dropped under the client's next request."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except GatewayError as exc:
+            return gateway_error_response(exc)
+        except Exception as exc:
+            return _internal_error(request, exc)
+
+    return guarded
+
+
+def _internal_error(request: Request, exc: Exception) -> Response:
+    request_id = uuid.uuid4().hex[:16]
+    log.error("request %s: unexpected error on %s %s", request_id, request.method, request.url.path, exc_info=exc)
+    response = error_response(f"internal server error (request id {request_id})", 500)
+    response.headers["X-Request-Id"] = request_id
+    return response
+
+
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    # 503s are expected during a backend outage (the backend logs the transition once); log the rest.
-    if exc.status >= 500 and exc.status != 503 and exc.reason is None:
-        log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc)
-    response = error_response(str(exc), exc.status)
-    if exc.retry_after_s is not None:
-        response.headers["Retry-After"] = str(exc.retry_after_s)
-    if exc.version is not None:  # which version failed: what a canary's watcher (and its operator) needs
-        response.headers["X-Model-Version"] = str(exc.version)
-    return response
+    return gateway_error_response(exc)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -59,5 +76,4 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
-    log.exception("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response("internal server error", 500)
+    return _internal_error(request, exc)

@@ -1,4 +1,8 @@
-"""KServe v2 REST bodies <-> dataplane types: JSON tensors and the binary tensor data extension."""
+"""KServe v2 REST bodies <-> dataplane types: JSON tensors and the binary tensor data extension.
+
+Anything a client can send decodes to a request or raises ``InvalidInput`` saying what was wrong and what came;
+``values`` holds the rules for tensor data in JSON (strict types and ranges, "NaN"/"Infinity" spelled as strings).
+Duplicate keys in a JSON object are not an error: the last one wins, as with orjson and Python's json."""
 
 from __future__ import annotations
 
@@ -9,11 +13,16 @@ from typing import Any
 import numpy as np
 import orjson
 
-from services.gateway.datatypes import numpy_dtype
+from services.gateway.datatypes import checked_shape, numpy_dtype, shaped
 from services.gateway.errors import InvalidInput
-from services.gateway.types import Array, InferInput, InferRequest, InferResponse, as_bytes
+from services.gateway.rest.values import described, from_json, to_json
+from services.gateway.types import InferInput, InferRequest, InferResponse, as_bytes
+from services.gateway.versions import MAX_DIGITS, shown
 
 HEADER_LENGTH = "inference-header-content-length"
+_INT = frozenset({int})
+_NOT_JSON_HINTS = ("str is not valid UTF-8", "unexpected content after document")
+"""orjson's words for bytes after the JSON: what a binary body sent without its header length looks like."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,20 +39,7 @@ class OutputFormat:
 def decode_request(
     body: bytes, header_length: str | None, model: str, version: int | None
 ) -> tuple[InferRequest, OutputFormat]:
-    json_end = len(body)
-    if header_length is not None:
-        try:
-            json_end = int(header_length)
-        except ValueError:
-            raise InvalidInput(f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
-        if not 0 < json_end <= len(body):
-            raise InvalidInput(f"Inference-Header-Content-Length is {json_end} but the body has {len(body)} bytes")
-    try:
-        header = orjson.loads(body[:json_end] if json_end != len(body) else body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"malformed JSON request body: {exc}") from None
-    if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
-        raise InvalidInput("request body must be a JSON object with an 'inputs' list")
+    header, json_end = _header(body, header_length)
     offset = json_end
     inputs: list[InferInput] = []
     for raw in header["inputs"]:
@@ -51,16 +47,21 @@ def decode_request(
         inputs.append(tensor)
     if offset != len(body):
         raise InvalidInput(f"binary data has {len(body) - offset} bytes not claimed by any input's binary_data_size")
-    params = _dict(header.get("parameters", {}), "parameters")
-    requested, fmt = _decode_outputs(header.get("outputs"), bool(params.get("binary_data_output", False)))
+    params = _object(header.get("parameters", {}), "'parameters'")
+    binary_default = _flag(params, "binary_data_output", "")
+    requested, fmt = _decode_outputs(header.get("outputs"), binary_default)
+    request_id = header.get("id", "")
+    if not isinstance(request_id, str):  # Triton's protocol has a string id; echoing a repr would invent one
+        raise InvalidInput(f"'id' must be a string, got {described(request_id)}")
+    timeout = _natural(params, "timeout", " (microseconds)")
     request = InferRequest(
         model=model,
         version=version,
         inputs=inputs,
-        id=str(header.get("id", "")),
+        id=request_id,
         outputs=requested,
-        timeout_s=_timeout(params.get("timeout")),
-        priority=_int(params.get("priority", 0), "priority"),
+        timeout_s=timeout / 1e6 if timeout else None,
+        priority=_natural(params, "priority", "") or 0,
         parameters=params,
     )
     return request, fmt
@@ -81,7 +82,7 @@ def encode_response(response: InferResponse, fmt: OutputFormat) -> tuple[bytes, 
             entry["parameters"] = {"binary_data_size": data.nbytes}
             buffers.append(data)
         else:
-            entry["data"] = _json_ready(output.data)
+            entry["data"] = to_json(output.data)
         outputs.append(entry)
     head: dict[str, Any] = {"model_name": response.model, "model_version": str(response.version)}
     if response.id:
@@ -93,83 +94,105 @@ def encode_response(response: InferResponse, fmt: OutputFormat) -> tuple[bytes, 
     return b"".join([encoded, *buffers]), len(encoded)
 
 
+def _header(body: bytes, header_length: str | None) -> tuple[dict[str, Any], int]:
+    """The JSON part of the body and where it ends (the binary tensor data, if any, follows it)."""
+    json_end = len(body)
+    if header_length is not None:
+        # int() would also take " 12", "1_2" and non-ASCII digits, and raise on 4,301 of them
+        if not (header_length.isascii() and header_length.isdigit() and len(header_length) <= MAX_DIGITS):
+            raise InvalidInput(f"Inference-Header-Content-Length must be an integer, got {shown(header_length)}")
+        json_end = int(header_length)
+        if not 0 < json_end <= len(body):
+            raise InvalidInput(f"Inference-Header-Content-Length is {json_end} but the body has {len(body)} bytes")
+    try:
+        header = orjson.loads(body[:json_end] if json_end != len(body) else body)
+    except orjson.JSONDecodeError as exc:
+        if header_length is None and exc.msg.startswith(_NOT_JSON_HINTS):
+            raise InvalidInput(
+                f"request body is not JSON ({exc}); binary tensor data after the JSON needs an "
+                "Inference-Header-Content-Length header giving the JSON part's length in bytes"
+            ) from None
+        raise InvalidInput(f"malformed JSON request body: {exc}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
+        raise InvalidInput("request body must be a JSON object with an 'inputs' list")
+    return header, json_end
+
+
 def _decode_input(raw: object, body: bytes, offset: int) -> tuple[InferInput, int]:
-    item = _dict(raw, "each input")
+    item = _object(raw, "each entry of 'inputs'")
     name = item.get("name")
     if not isinstance(name, str):
-        raise InvalidInput("every input needs a string 'name'")
-    datatype = item.get("datatype")
-    shape = item.get("shape")
-    if not isinstance(datatype, str):
+        raise InvalidInput(f"every input needs a string 'name', got {described(name)}")
+    if "datatype" not in item:
         raise InvalidInput(f"input '{name}': missing 'datatype'")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise InvalidInput(f"input '{name}': 'shape' must be a list of non-negative integers, got {shape!r}")
+    datatype = item["datatype"]
+    if not isinstance(datatype, str):
+        raise InvalidInput(f"input '{name}': 'datatype' must be a string like \"FP32\", got {described(datatype)}")
+    raw_shape = item.get("shape")
+    if not isinstance(raw_shape, list) or not set(map(type, raw_shape)) <= _INT:  # bool is an int subclass
+        raise InvalidInput(
+            f"input '{name}': 'shape' must be a list of non-negative integers, got {described(raw_shape)}"
+        )
+    shape = checked_shape(raw_shape, name)
     dtype = numpy_dtype(datatype, name)
+    params = _object(item.get("parameters", {}), f"input '{name}': 'parameters'")
+    if "binary_data_size" not in params:
+        if "data" not in item:
+            raise InvalidInput(f"input '{name}': needs 'data' or a binary_data_size parameter")
+        return InferInput(name, datatype, shape, from_json(item["data"], shape, dtype, datatype, name)), offset
+    size = params["binary_data_size"]
+    if type(size) is not int:
+        raise InvalidInput(f"input '{name}': binary_data_size must be an integer, got {described(size)}")
     count = math.prod(shape)
-    size = _dict(item.get("parameters", {}), f"input '{name}' parameters").get("binary_data_size")
-    if size is not None:
-        expected = count * dtype.itemsize
-        if size != expected:
-            raise InvalidInput(
-                f"input '{name}': shape {shape} of {datatype} needs {expected} bytes, binary_data_size is {size}"
-            )
-        if offset + size > len(body):
-            raise InvalidInput(f"input '{name}': binary_data_size {size} runs past the end of the body")
-        data = np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape)
-        return InferInput(name, datatype, tuple(shape), data), offset + size
-    if "data" not in item:
-        raise InvalidInput(f"input '{name}': needs 'data' or a binary_data_size parameter")
-    try:
-        data = np.asarray(item["data"], dtype=dtype)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"input '{name}': data is not a valid {datatype} array: {exc}") from None
-    if data.size != count:
-        raise InvalidInput(f"input '{name}': shape {shape} needs {count} values, got {data.size}")
-    return InferInput(name, datatype, tuple(shape), data.reshape(shape)), offset
+    expected = count * dtype.itemsize
+    if size != expected:
+        raise InvalidInput(
+            f"input '{name}': shape {list(shape)} of {datatype} needs {expected} bytes, binary_data_size is {size}"
+        )
+    if offset + size > len(body):
+        raise InvalidInput(f"input '{name}': binary_data_size {size} runs past the end of the body")
+    data = np.frombuffer(body, dtype=dtype, count=count, offset=offset)
+    return InferInput(name, datatype, shape, shaped(data, shape, name)), offset + size
 
 
 def _decode_outputs(raw: object, binary_default: bool) -> tuple[tuple[str, ...] | None, OutputFormat]:
     if raw is None:
         return None, OutputFormat(binary_default)
     if not isinstance(raw, list):
-        raise InvalidInput("'outputs' must be a list")
+        raise InvalidInput(f"'outputs' must be a list, got {described(raw)}")
     names: list[str] = []
     binary: dict[str, bool] = {}
     for entry in raw:
-        item = _dict(entry, "each output")
+        item = _object(entry, "each entry of 'outputs'")
         name = item.get("name")
         if not isinstance(name, str):
-            raise InvalidInput("every requested output needs a string 'name'")
+            raise InvalidInput(f"every requested output needs a string 'name', got {described(name)}")
         names.append(name)
-        flag = _dict(item.get("parameters", {}), f"output '{name}' parameters").get("binary_data")
-        if flag is not None:
-            binary[name] = bool(flag)
+        params = _object(item.get("parameters", {}), f"output '{name}': 'parameters'")
+        if "binary_data" in params:
+            binary[name] = _flag(params, "binary_data", f"output '{name}': ")
     return tuple(names), OutputFormat(binary_default, binary)
 
 
-def _timeout(value: object) -> float | None:
-    """The v2 ``timeout`` parameter is in microseconds, as in Triton."""
-    if value is None:
+def _flag(params: dict[str, Any], key: str, where: str) -> bool:
+    """A JSON boolean parameter (absent: false); ``bool("false")`` is True, so nothing else is read as one."""
+    value = params.get(key, False)
+    if type(value) is not bool:
+        raise InvalidInput(f"{where}parameter '{key}' must be true or false, got {described(value)}")
+    return value
+
+
+def _natural(params: dict[str, Any], key: str, unit: str) -> int | None:
+    """A non-negative integer parameter, or None when absent."""
+    if key not in params:
         return None
-    micros = _int(value, "timeout")
-    return micros / 1e6 if micros > 0 else None
-
-
-def _int(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"parameter '{what}' must be an integer, got {value!r}")
+    value = params[key]
+    if type(value) is not int or value < 0:
+        raise InvalidInput(f"parameter '{key}' must be a non-negative integer{unit}, got {described(value)}")
     return value
 
 
-def _dict(value: object, what: str) -> dict[str, Any]:
+def _object(value: object, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise InvalidInput(f"{what} must be a JSON object")
+        raise InvalidInput(f"{what} must be a JSON object, got {described(value)}")
     return value
-
-
-def _json_ready(array: Array) -> Array | list[Any]:
-    """orjson writes C-contiguous numeric arrays natively (fast); anything else goes through lists."""
-    flat = np.ascontiguousarray(array).reshape(-1)
-    if flat.dtype.kind in "fiub" and flat.dtype != np.float16:
-        return flat
-    return flat.tolist()

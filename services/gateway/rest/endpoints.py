@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from google.protobuf import json_format
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from services.gateway.dataplane import DataPlane
-from services.gateway.errors import GatewayError, ModelNotFound, PayloadTooLarge
+from services.gateway.errors import GatewayError
+from services.gateway.rest.body import check_length, read_body
 from services.gateway.rest.codec import HEADER_LENGTH, decode_request, encode_response
-from services.gateway.rest.responses import JSONBytesResponse, error_response
+from services.gateway.rest.responses import JSONBytesResponse, error_response, gateway_error_response
+from services.gateway.shaping.keys import ANONYMOUS
 from services.gateway.types import ModelMetadata
+from services.gateway.versions import parse_version
 
 PROTOCOL = "http"
+DISCONNECTED = 499
+"""Counted (never sent) when the client went away before its request body arrived: nginx's code for it."""
+log = logging.getLogger(__name__)
 
 
 class Endpoints:
@@ -33,54 +41,76 @@ class Endpoints:
         return Response(status_code=200 if await self._dataplane.ready() else 503)
 
     async def model_metadata(self, request: Request) -> Response:
+        self._dataplane.shaper.authenticate_metadata(request.headers.get("x-api-key"))
         metadata = await self._dataplane.model_metadata(*_target(request))
         return JSONBytesResponse(_metadata_json(metadata))
 
     async def model_ready(self, request: Request) -> Response:
+        self._dataplane.shaper.authenticate_metadata(request.headers.get("x-api-key"))
         reason = await self._dataplane.model_readiness(*_target(request))
         if reason is None:
             return Response(status_code=200)
         return error_response(reason, 503)
 
     async def model_config(self, request: Request) -> Response:
+        self._dataplane.shaper.authenticate_metadata(request.headers.get("x-api-key"))
         config = await self._dataplane.model_config(*_target(request))
         return JSONBytesResponse(json_format.MessageToDict(config, preserving_proto_field_name=True))
 
     async def infer(self, request: Request) -> Response:
-        model_name, version = _target(request)
+        """Never raises: every failure becomes its answer here, so that no exception reaches the server (which
+        would drop the keep-alive connection) and every answer is counted."""
+        started = time.monotonic()
+        headers = request.headers
+        model_name: str = request.path_params["model_name"]
+        raw_version: str | None = request.path_params.get("model_version")
+        tenant = ANONYMOUS
+        shaper = self._dataplane.shaper
         try:
-            length = request.headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > self._max_body:
-                raise PayloadTooLarge(f"request body of {length} bytes exceeds the {self._max_body} byte limit")
-            body = await request.body()
-            if len(body) > self._max_body:
-                raise PayloadTooLarge(f"request body of {len(body)} bytes exceeds the {self._max_body} byte limit")
-            infer_request, fmt = decode_request(body, request.headers.get(HEADER_LENGTH), model_name, version)
+            model_name, version = _target(request)
+            check_length(request, self._max_body)
+            tenant = shaper.authenticate(headers.get("x-api-key"))
+            limits = await shaper.rate_limit(tenant, model_name)
+            body = await read_body(request, self._max_body)
+            infer_request, fmt = decode_request(body, headers.get(HEADER_LENGTH), model_name, version)
+            infer_request.tenant = tenant
+            budget = shaper.deadlines.budget(infer_request.timeout_s, headers.get("x-request-timeout"), None)
+            if budget is not None:
+                infer_request.budget_s, infer_request.deadline = budget, started + budget
+            infer_request.priority = shaper.priorities.rank(infer_request.priority, headers.get("x-priority"))
         except GatewayError as exc:
-            self._dataplane.record_error(model_name, "" if version is None else str(version), PROTOCOL, exc)
-            raise
-        response = await self._dataplane.infer(infer_request, protocol=PROTOCOL, header=request.headers.get)
+            self._dataplane.record_error(model_name, raw_version, PROTOCOL, exc, tenant)
+            return gateway_error_response(exc)
+        except ClientDisconnect:
+            return _gone(self._dataplane, model_name, raw_version, tenant)
+        try:
+            response = await self._dataplane.infer(infer_request, protocol=PROTOCOL, header=headers.get)
+        except GatewayError as exc:  # counted by the dataplane
+            return gateway_error_response(exc)
         content, header_length = encode_response(response, fmt)
-        headers = {"X-Model-Version": str(response.version)}
+        answer_headers = {"X-Model-Version": str(response.version), **limits}
         if header_length is None:
-            return Response(content, headers=headers, media_type="application/json")
-        headers["Inference-Header-Content-Length"] = str(header_length)
-        return Response(content, headers=headers, media_type="application/octet-stream")
+            return Response(content, headers=answer_headers, media_type="application/json")
+        answer_headers["Inference-Header-Content-Length"] = str(header_length)
+        return Response(content, headers=answer_headers, media_type="application/octet-stream")
 
     async def metrics(self, request: Request) -> Response:
         registry = self._dataplane.metrics.registry
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def _gone(dataplane: DataPlane, model: str, version: str | None, tenant: str) -> Response:
+    """The client disconnected mid-body: one debug line and a count, not a traceback (it is not our failure)."""
+    log.debug("client disconnected before sending the whole request body for model '%s'", model)
+    dataplane.record_error(model, version, PROTOCOL, GatewayError("client disconnected", DISCONNECTED), tenant)
+    return Response(status_code=400)
+
+
 def _target(request: Request) -> tuple[str, int | None]:
     """Model name and version (``None``: unversioned route) from the path."""
     model: str = request.path_params["model_name"]
     raw: str | None = request.path_params.get("model_version")
-    if raw is None:
-        return model, None
-    if not raw.isdigit():
-        raise ModelNotFound(f"model '{model}' has no version '{raw}' (versions are integers)")
-    return model, int(raw)
+    return model, None if raw is None else parse_version(raw)
 
 
 def _metadata_json(metadata: ModelMetadata) -> dict[str, Any]:

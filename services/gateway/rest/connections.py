@@ -1,0 +1,170 @@
+"""uvicorn's httptools protocol with connection deadlines and a connection cap: a client that sends nothing, or
+sends its request slowly, or opens connections without end, cannot hold the gateway's file descriptors."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import orjson
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+log = logging.getLogger(__name__)
+
+
+class Phase(enum.Enum):
+    HEAD = "head"  # waiting for a request's headers: the header deadline runs
+    BODY = "body"  # headers complete, body still arriving: the body deadline runs
+    OTHER = "other"  # the request is with the app, or the connection is idle in keep-alive (uvicorn's timer)
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    header_timeout_s: float
+    """From connecting, or from the first byte of a keep-alive connection's next request, to complete headers."""
+    body_timeout_s: float
+    """From complete headers to the end of the body."""
+    max_connections: int
+    """Open HTTP connections at most; a connection beyond it is answered 503 and closed at once."""
+
+    def __post_init__(self) -> None:
+        if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError("header_timeout_s and body_timeout_s must be positive")
+        if self.max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+
+
+def raw_response(status: bytes, message: str) -> bytes:
+    """A whole ``Connection: close`` response, built once per protocol class: written from ``connection_made`` or
+    a timer, where no ASGI cycle exists to write one."""
+    body = orjson.dumps({"error": message})
+    head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+    return head % (status, len(body)) + body
+
+
+def protocol_class(limits: ConnectionLimits) -> type[DeadlineProtocol]:
+    """The class to hand ``uvicorn.Config(http=...)``: uvicorn instantiates it with its own arguments only, so the
+    limits travel as class attributes of a subclass made for them."""
+    header = f"request headers not complete within header_timeout_s={limits.header_timeout_s:g}s"
+    body = f"request body not complete within body_timeout_s={limits.body_timeout_s:g}s"
+    refused = f"the gateway holds max_connections={limits.max_connections} connections"
+
+    class BoundDeadlineProtocol(DeadlineProtocol):
+        pass
+
+    BoundDeadlineProtocol.limits = limits
+    BoundDeadlineProtocol.header_timeout_response = raw_response(b"408 Request Timeout", header)
+    BoundDeadlineProtocol.body_timeout_response = raw_response(b"408 Request Timeout", body)
+    BoundDeadlineProtocol.refusal = raw_response(b"503 Service Unavailable", refused)
+    return BoundDeadlineProtocol
+
+
+class DeadlineProtocol(HttpToolsProtocol):
+    """At most one timer handle per connection, armed only when the phase changes across ``data_received``: a
+    request that arrives in one read costs no timer at all."""
+
+    limits: ClassVar[ConnectionLimits]
+    header_timeout_response: ClassVar[bytes]
+    body_timeout_response: ClassVar[bytes]
+    refusal: ClassVar[bytes]
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._phase = Phase.HEAD
+        self._timed = Phase.OTHER  # what the armed timer (if any) guards
+        self._timer: asyncio.TimerHandle | None = None
+        self._silent = True
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.limits.max_connections:
+            # Closed before uvicorn counts it: connection_lost still runs and needs the transport.
+            self.transport = transport
+            transport.write(self.refusal)
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._watch(Phase.HEAD)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._watch(Phase.OTHER)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        before = self._phase
+        self._silent = False
+        super().data_received(data)
+        phase = self._phase
+        if phase is Phase.OTHER and (self.cycle is None or self.cycle.response_complete):
+            if before is Phase.OTHER:
+                # Bytes that begin no request (stray CRLFs) cancelled uvicorn's keep-alive timer: without a deadline
+                # a client could hold the connection by sending one every keep-alive period.
+                phase = self._phase = Phase.HEAD
+            elif self.timeout_keep_alive_task is None and not self.transport.is_closing():
+                # The app answered before the body ended; the body's tail cancelled the keep-alive timer.
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
+        self._watch(phase)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._phase = Phase.HEAD
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._phase = Phase.BODY
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._phase = Phase.OTHER
+
+    def handle_websocket_upgrade(self) -> None:
+        self._watch(Phase.OTHER)  # the transport changes hands; this protocol's deadline must not close it
+        super().handle_websocket_upgrade()
+
+    def _watch(self, phase: Phase) -> None:
+        """Keep the timer that ``phase`` needs; a deadline runs from when its phase began, not from the last byte."""
+        if phase is self._timed:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timed = phase
+        if phase is Phase.HEAD:
+            self._timer = self.loop.call_later(self.limits.header_timeout_s, self._expire)
+        elif phase is Phase.BODY:
+            self._timer = self.loop.call_later(self.limits.body_timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        phase, self._timer, self._timed = self._timed, None, Phase.OTHER
+        if self.transport.is_closing():
+            return
+        if self.flow.read_paused:
+            # The server stopped reading (a pipelined request waits, or the app reads the body slowly): the client
+            # could not send, so the time does not count against it.
+            self._watch(phase)
+            return
+        cycle = self.cycle
+        if phase is Phase.HEAD:
+            answerable = not self._silent and (cycle is None or cycle.response_complete)
+            response = self.header_timeout_response
+        else:
+            answerable = cycle is not None and not cycle.response_started
+            response = self.body_timeout_response
+        log.debug("closing %s: %s deadline passed", self.client, phase.value)
+        if answerable and not self.pipeline:
+            self.transport.write(response)
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True  # the app's own response must not follow the 408 onto the wire
+        self.transport.close()

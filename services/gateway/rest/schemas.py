@@ -1,0 +1,242 @@
+"""Pydantic models of the v2 REST and admin bodies: they only describe the API in the OpenAPI document, the codec
+parses requests by hand (the hot path never builds these)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic.json_schema import SkipJsonSchema
+
+Datatype = Literal[
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64"
+]
+"""The v2 datatypes the gateway decodes (``BYTES`` is not served)."""
+
+Count = Annotated[int, Field(ge=0)]
+Dim = Annotated[int, Field(ge=-1)]
+Seconds = Annotated[float, Field(ge=0)]
+Version = Annotated[str, Field(pattern=r"^[0-9]{1,18}$")]
+NonFinite = Literal["NaN", "Infinity", "-Infinity"]
+"""JSON has no literals for these: float tensors spell them as strings (as the proto3 JSON mapping does)."""
+# Nested lists are how most clients send a tensor (numpy ``tolist()``); flat row-major lists are accepted too.
+TensorData = list[float | bool | NonFinite | list[Any]]
+
+
+class _Open(BaseModel):
+    """Parameter objects: the v2 protocol lets clients send keys the server does not know."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputParameters(_Open):
+    binary_data_size: Count | SkipJsonSchema[None] = Field(
+        None, description="Bytes of this input in the binary section that follows the JSON header (binary framing)."
+    )
+
+
+class RequestInput(_Closed):
+    name: str
+    shape: list[Count]
+    datatype: Datatype
+    parameters: InputParameters | SkipJsonSchema[None] = None
+    data: TensorData | SkipJsonSchema[None] = Field(
+        None, description="Values, flat in row-major order or nested to the shape; absent with binary_data_size."
+    )
+
+
+class OutputParameters(_Open):
+    binary_data: bool | SkipJsonSchema[None] = Field(None, description="Send this output as binary data.")
+
+
+class RequestOutput(_Closed):
+    name: str
+    parameters: OutputParameters | SkipJsonSchema[None] = None
+
+
+class RequestParameters(_Open):
+    timeout: Count | SkipJsonSchema[None] = Field(
+        None, description="Deadline in microseconds (as in Triton); 0 or absent: the gateway's default."
+    )
+    priority: Count | SkipJsonSchema[None] = Field(
+        None, description="1 is the highest priority; 0 or absent: the gateway's default priority."
+    )
+    binary_data_output: bool | SkipJsonSchema[None] = Field(
+        None, description="Send every output as binary data unless its own parameters say otherwise."
+    )
+
+
+class InferenceRequest(_Closed):
+    """A v2 inference request (JSON, or the JSON header of the binary tensor data extension)."""
+
+    id: str | SkipJsonSchema[None] = Field(None, description="Echoed in the response.")
+    parameters: RequestParameters | SkipJsonSchema[None] = None
+    inputs: list[RequestInput]
+    outputs: list[RequestOutput] | SkipJsonSchema[None] = Field(
+        None, description="Outputs to return (absent: all of them)."
+    )
+
+
+class ResponseOutputParameters(_Open):
+    binary_data_size: Count | SkipJsonSchema[None] = None
+
+
+class ResponseOutput(_Closed):
+    name: str
+    datatype: str
+    shape: list[Count]
+    data: list[float | bool | NonFinite] | SkipJsonSchema[None] = Field(
+        None, description="Values, flat in row-major order."
+    )
+    parameters: ResponseOutputParameters | SkipJsonSchema[None] = None
+
+
+class InferenceResponse(_Closed):
+    model_name: str
+    model_version: Version
+    id: str | SkipJsonSchema[None] = None
+    outputs: list[ResponseOutput]
+
+
+class Error(_Closed):
+    """The v2 error shape."""
+
+    error: str
+
+
+class TensorMetadata(_Closed):
+    name: str
+    datatype: str
+    shape: list[Dim] = Field(description="-1: any size (the batch dimension first when the model batches).")
+
+
+class ModelMetadata(_Closed):
+    name: str
+    versions: list[Version]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class ServerMetadata(_Closed):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class ModelConfig(RootModel[dict[str, Any]]):
+    """The model's ``config.pbtxt`` as JSON (protobuf field names)."""
+
+
+class AdminError(_Closed):
+    error: str
+    step: str | SkipJsonSchema[None] = Field(None, description="The step a failed version action stopped at.")
+
+
+class AdminModelSummary(_Open):
+    name: str
+    ready: bool
+    stable: int | None
+    loaded: list[int]
+    available: list[int]
+    problem: str | None
+
+
+class AdminModels(_Closed):
+    models: list[AdminModelSummary]
+
+
+class LoadedVersion(_Open):
+    version: int
+    state: Literal["LOADING", "READY", "UNAVAILABLE"]
+    leases: int
+    on_disk: bool
+    problem: str | None
+
+
+class AdminModel(_Open):
+    """Routing, loaded versions, versions on disk, the action running now and the last one."""
+
+    name: str
+    platform: str
+    ready: bool
+    loaded: list[LoadedVersion]
+    available: list[int]
+
+
+class AdminEvents(_Closed):
+    events: list[dict[str, Any]]
+
+
+class AdminReport(RootModel[dict[str, Any]]):
+    """What a version action did, step by step."""
+
+
+class SwitchOptions(_Closed):
+    keep_previous: bool | SkipJsonSchema[None] = Field(None, description="Keep the old stable version loaded.")
+    drain_timeout_s: Seconds | SkipJsonSchema[None] = Field(
+        None, description="Longest wait for requests in flight on the old version (up to the gateway's max)."
+    )
+    compare: bool | SkipJsonSchema[None] = Field(None, description="Compare the new version's outputs first.")
+
+
+class UnloadOptions(_Closed):
+    drain_timeout_s: Seconds | SkipJsonSchema[None] = None
+
+
+class LoadOptions(_Closed):
+    """No options yet: an empty body or ``{}``."""
+
+
+class RollbackBounds(_Closed):
+    max_error_rate: Annotated[float, Field(ge=0, le=1)] | SkipJsonSchema[None] = None
+    max_p99_ratio: Annotated[float, Field(ge=1, le=1000)] | SkipJsonSchema[None] = None
+    window_s: Annotated[float, Field(ge=1, le=3600)] | SkipJsonSchema[None] = None
+    min_requests: Annotated[int, Field(ge=1, le=1_000_000)] | SkipJsonSchema[None] = None
+
+
+class TrafficPolicy(_Closed):
+    """A canary split; ``canary: null`` ends it."""
+
+    canary: Annotated[int, Field(ge=0)] | None = Field(None, description="The canary version.")
+    weight: Annotated[float, Field(ge=0, le=100)] | SkipJsonSchema[None] = Field(
+        None, description="Percent of unversioned requests sent to the canary (required with one)."
+    )
+    sticky_header: Annotated[str, Field(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")] | SkipJsonSchema[None] = None
+    rollback: RollbackBounds | SkipJsonSchema[None] = None
+    promote_after_s: Annotated[float, Field(ge=1, le=30 * 86400)] | SkipJsonSchema[None] = None
+
+
+class ShadowPolicy(_Closed):
+    """Shadow traffic; ``version: null`` ends it."""
+
+    version: Annotated[int, Field(ge=0)] | None = Field(None, description="The shadow version.")
+    sample: Annotated[float, Field(ge=0, le=1)] | SkipJsonSchema[None] = Field(
+        None, description="Fraction of unversioned requests also run on it (required with one)."
+    )
+
+
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    InferenceRequest,
+    SwitchOptions,
+    UnloadOptions,
+    LoadOptions,
+    TrafficPolicy,
+    ShadowPolicy,
+)
+RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
+    InferenceResponse,
+    Error,
+    ModelMetadata,
+    ServerMetadata,
+    ModelConfig,
+    AdminError,
+    AdminModels,
+    AdminModel,
+    AdminEvents,
+    AdminReport,
+)

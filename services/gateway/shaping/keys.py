@@ -1,0 +1,168 @@
+"""API keys: who is calling. Maps a presented key to its tenant, from ``SWITCHYARD_API_KEYS`` and a keys file that
+is re-read when it changes."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from pydantic import SecretStr
+
+from services.gateway.errors import Unauthorized
+from services.gateway.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ANONYMOUS = "anonymous"
+"""The tenant of every request while API keys are off."""
+RECHECK_S = 1.0
+"""Least time between two looks at the keys file: a stat per request would be a syscall per request."""
+MISSING = "missing API key: send it as the X-API-Key header (gRPC: x-api-key metadata)"
+UNKNOWN = "unknown API key"
+# Tenant names become metric labels, bucket keys and TOML table names: keep them plain.
+_TENANT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+class ApiKeysError(ValueError):
+    """The keys are not usable (a malformed entry, a missing file): the gateway does not start."""
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    tenants_by_digest: Mapping[bytes, str]
+    signature: tuple[int, int, int] | None
+    """The file's (inode, mtime, size) when it was parsed; None without a file."""
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def _parse(entries: Iterable[tuple[str, str]], found: dict[bytes, str]) -> None:
+    """Adds ``key[:tenant]`` entries (each with where it came from, for messages) to ``found``, by digest."""
+    for where, entry in entries:
+        key, colon, tenant = (part.strip() for part in entry.partition(":"))
+        if not key or any(char.isspace() for char in key):
+            raise ApiKeysError(f"{where}: expected 'key' or 'key:tenant', the key part is empty or has spaces")
+        digest = _digest(key)
+        if not colon:
+            tenant = f"key-{digest.hex()[:8]}"  # stable and names no secret: safe in metrics and logs
+        elif not _TENANT.fullmatch(tenant):
+            raise ApiKeysError(f"{where}: the tenant name must be 1-64 of A-Z a-z 0-9 _ . - (got {tenant!r})")
+        if found.setdefault(digest, tenant) != tenant:
+            raise ApiKeysError(f"{where}: this key is listed already for tenant '{found[digest]}'")
+
+
+def _file_entries(path: Path) -> list[tuple[str, str]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiKeysError(f"{path} is not UTF-8 text: {exc}") from None
+    entries = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        entry = line.strip()
+        if entry and not entry.startswith("#"):
+            entries.append((f"{path}, line {number}", entry))
+    return entries
+
+
+def _signature(path: Path) -> tuple[int, int, int]:
+    stat = os.stat(path)
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size  # the inode: a file replaced by rename is re-read too
+
+
+class ApiKeys:
+    """Tenants by key. Keys are held only as sha256 digests; the file is looked at once a second at most."""
+
+    def __init__(
+        self, keys: SecretStr | None, path: Path | None, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._fixed: dict[bytes, str] = {}
+        text = keys.get_secret_value() if keys is not None else ""
+        entries = [part for part in text.split(",") if part.strip()]
+        _parse(((f"SWITCHYARD_API_KEYS, entry {n}", e) for n, e in enumerate(entries, start=1)), self._fixed)
+        self._path = path
+        self._clock = clock
+        self._checked = clock()
+        self._rejected: tuple[int, int, int] | None = None
+        """The signature of a file version that failed to load: not re-read until it changes."""
+        self._failing = False
+        if path is not None and not path.is_file():
+            raise ApiKeysError(f"the API keys file {path} does not exist or is not a file (SWITCHYARD_API_KEYS_FILE)")
+        try:
+            self._snapshot = self._load()
+        except OSError as exc:
+            raise ApiKeysError(f"the API keys file {path} cannot be read: {exc}") from None
+
+    @property
+    def enabled(self) -> bool:
+        return self._path is not None or bool(self._fixed)
+
+    def authenticate(self, key: str | None) -> str:
+        """The caller's tenant; ``ANONYMOUS`` while keys are off. Messages never contain the key."""
+        if not self.enabled:
+            return ANONYMOUS
+        self._refresh()
+        if not key:
+            raise Unauthorized(MISSING)
+        # Only digests are compared: a dict lookup's timing depends on the sha256 of the guess, which tells an
+        # attacker nothing about the bytes of any real key, so no prefix can be found byte by byte. It stays O(1)
+        # however long the file is, where hmac.compare_digest against every key would grow with it.
+        tenant = self._snapshot.tenants_by_digest.get(_digest(key))
+        if tenant is None:
+            raise Unauthorized(UNKNOWN)
+        return tenant
+
+    def tenants(self) -> frozenset[str]:
+        """Every tenant ``authenticate`` may return now: a bounded set, fit for metric labels."""
+        if not self.enabled:
+            return frozenset({ANONYMOUS})
+        return frozenset(self._snapshot.tenants_by_digest.values())
+
+    def _load(self) -> _Snapshot:
+        found = dict(self._fixed)
+        if self._path is None:
+            return _Snapshot(MappingProxyType(found), None)
+        signature = _signature(self._path)
+        _parse(_file_entries(self._path), found)
+        return _Snapshot(MappingProxyType(found), signature)
+
+    def _refresh(self) -> None:
+        now = self._clock()
+        if self._path is None or now - self._checked < RECHECK_S:
+            return
+        self._checked = now
+        signature = None
+        try:
+            signature = _signature(self._path)
+            if signature == self._rejected:
+                return
+            snapshot = self._snapshot if signature == self._snapshot.signature else self._load()
+        except (OSError, ApiKeysError) as exc:
+            self._rejected = signature
+            if not self._failing:  # once per failure, not once per request
+                log.error("cannot reload the API keys (%s); keeping the %d keys loaded before", exc, len(self))
+            self._failing = True
+            return
+        if self._failing:
+            log.info("the API keys file %s is readable and valid again", self._path)
+        self._failing = False
+        self._rejected = None
+        if snapshot is not self._snapshot:
+            self._snapshot = snapshot
+            log.info("reloaded the API keys from %s: %d keys, %d tenants", self._path, len(self), len(self.tenants()))
+
+    def __len__(self) -> int:
+        return len(self._snapshot.tenants_by_digest)
+
+
+def build_api_keys(settings: Settings) -> ApiKeys:
+    """The gateway's keys (``enabled`` is False when neither setting names any); raises ``ApiKeysError``."""
+    return ApiKeys(settings.api_keys, settings.api_keys_file)
