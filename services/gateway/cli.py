@@ -6,11 +6,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from services.gateway.app import BackendNotImplemented
 from services.gateway.backends.triton import ConfigTransform
 from services.gateway.repository import RepositoryError
 from services.gateway.settings import Settings
+from services.gateway.shaping.keys import ApiKeysError
+from services.gateway.shaping.limits import LimitsError
 from services.gateway.state import StateError
 
 
@@ -50,14 +53,23 @@ def serve(
     if not repository.is_dir():
         typer.echo(f"model repository {repository} does not exist (run `make models` first)", err=True)
         raise typer.Exit(2)
-    settings = Settings(
-        repository=repository,
-        backend=backend,  # type: ignore[arg-type]
-        triton_url=triton_url,
-        host=host,
-        port=port,
-        grpc_port=grpc_port,
-    )
+    try:
+        settings = Settings(
+            repository=repository,
+            backend=backend,  # type: ignore[arg-type]
+            triton_url=triton_url,
+            host=host,
+            port=port,
+            grpc_port=grpc_port,
+        )
+    except ValidationError as exc:
+        for problem in exc.errors():
+            if problem["loc"]:  # one variable's value
+                name = "SWITCHYARD_" + "_".join(str(part) for part in problem["loc"]).upper()
+                typer.echo(f"error: {name}: {problem['msg']} (got {problem.get('input')!r})", err=True)
+            else:  # a rule across variables: its message names them
+                typer.echo(f"error: {str(problem['msg']).removeprefix('Value error, ')}", err=True)
+        raise typer.Exit(2) from None
     transform: ConfigTransform | None = None
     if triton_local_cpu:
         # The dev-only launcher's twin configs; a serving node never imports services.tritonlocal.
@@ -66,6 +78,6 @@ def serve(
         transform = derive_config
     try:
         run_server(settings, transform)
-    except (BackendNotImplemented, RepositoryError, StateError) as exc:
+    except (BackendNotImplemented, RepositoryError, StateError, ApiKeysError, LimitsError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

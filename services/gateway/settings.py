@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import SecretStr
+from pydantic import SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -130,3 +130,33 @@ class Settings(BaseSettings):
     gc_freeze: bool = True
     """Move everything alive after startup (framework, clients, models: ~200k objects) out of the cyclic
     garbage collector's reach: otherwise its full collections re-scan them all while requests wait."""
+
+    @model_validator(mode="after")
+    def _limits_make_sense(self) -> Settings:
+        """Refuse at startup what would misbehave later, naming the variable and the range."""
+        counts = {
+            "max_body_bytes": self.max_body_bytes, "max_concurrency": self.max_concurrency,
+            "max_queue": self.max_queue, "embedded_max_queue": self.embedded_max_queue,
+            "rate_limit_burst": self.rate_limit_burst,
+        }
+        for name, value in counts.items():
+            if value < 0:
+                raise ValueError(f"SWITCHYARD_{name.upper()} must be 0 or more, got {value}")
+        seconds = {
+            "rate_limit_rps": self.rate_limit_rps, "default_timeout_ms": self.default_timeout_ms,
+            "max_timeout_ms": self.max_timeout_ms, "header_timeout_s": self.header_timeout_s,
+            "body_timeout_s": self.body_timeout_s, "keep_alive_s": self.keep_alive_s,
+        }
+        for name, number in seconds.items():
+            if not number >= 0:  # NaN too
+                raise ValueError(f"SWITCHYARD_{name.upper()} must be 0 or more, got {number}")
+        if self.max_connections < 1:
+            raise ValueError(f"SWITCHYARD_MAX_CONNECTIONS must be at least 1, got {self.max_connections}")
+        if not 1 <= self.priority_levels <= 100:
+            raise ValueError(f"SWITCHYARD_PRIORITY_LEVELS must lie between 1 and 100, got {self.priority_levels}")
+        if not 1 <= self.default_priority <= self.priority_levels:
+            raise ValueError(
+                f"SWITCHYARD_DEFAULT_PRIORITY must lie between 1 and SWITCHYARD_PRIORITY_LEVELS "
+                f"({self.priority_levels}), got {self.default_priority}"
+            )
+        return self

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from services.cli import app
@@ -26,3 +27,23 @@ def test_serve_lists_its_options_when_asked_for_help() -> None:
     assert result.exit_code == 0
     for option in ("--repository", "--backend", "--triton-url", "--host", "--port", "--grpc-port"):
         assert option in result.output
+
+
+def test_serve_exits_with_one_line_per_problem_when_settings_invalid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SWITCHYARD_DEFAULT_PRIORITY", "7")
+    result = CliRunner().invoke(app, ["serve", "--repository", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "SWITCHYARD_DEFAULT_PRIORITY must lie between 1 and SWITCHYARD_PRIORITY_LEVELS (3), got 7" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_serve_exits_with_message_when_keys_file_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWITCHYARD_API_KEYS_FILE", str(tmp_path / "keys.txt"))
+    monkeypatch.setenv("SWITCHYARD_STATE_PATH", str(tmp_path / "state" / "routing.json"))
+    (tmp_path / "repository").mkdir()
+    result = CliRunner().invoke(app, ["serve", "--repository", str(tmp_path / "repository")])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: ")
+    assert "keys.txt" in result.output
