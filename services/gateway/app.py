@@ -23,12 +23,17 @@ from services.gateway.leases import Leases
 from services.gateway.manager import VersionManager
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.repository import Catalog, RepositoryError
+from services.gateway.repository_api import RepositoryApi, RepositoryAuth
 from services.gateway.rest import Endpoints, add_routes
+from services.gateway.rest.app import add_v2_routes
 from services.gateway.rest.openapi import install_openapi
+from services.gateway.rest.repository_routes import RepositoryEndpoints, add_repository_routes
+from services.gateway.rest.shared_memory import SharedMemoryEndpoints, shared_memory_routes
 from services.gateway.routing import Router
 from services.gateway.settings import Settings
 from services.gateway.shadow import ShadowRunner
 from services.gateway.shaping.shaper import Shaper
+from services.gateway.shared_memory import SharedMemoryRegions
 from services.gateway.state import FileStateStore, RedisStateStore, StateStore, default_state_path
 from services.gateway.traffic import TrafficWindows
 
@@ -99,8 +104,17 @@ def create_app(
     store = state_store(settings)
     windows, shadows = TrafficWindows(), ShadowRunner(backend, leases, metrics, settings.shadow_max_pending)
     manager = VersionManager(settings, catalog, backend, router, leases, store, metrics, windows, shadows)
+    repository_api = RepositoryApi(
+        manager, RepositoryAuth(AdminAuth(settings.admin_token), open_api=settings.repository_api_open)
+    )
     shaper = Shaper(settings, metrics)
-    dataplane = DataPlane(catalog, backend, router, leases, metrics, windows, shadows, shaper)
+    regions = SharedMemoryRegions(
+        enabled=settings.shared_memory,
+        max_regions=settings.shared_memory_max_regions,
+        max_bytes=settings.shared_memory_max_bytes,
+        mirror=backend.shared_memory if isinstance(backend, TritonBackend) else None,
+    )
+    dataplane = DataPlane(catalog, backend, router, leases, metrics, windows, shadows, shaper, regions=regions)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -114,6 +128,7 @@ def create_app(
                 dataplane,
                 settings.host,
                 settings.grpc_port,
+                repository=repository_api,
                 max_message_bytes=settings.max_body_bytes,
                 connection_idle_s=settings.keep_alive_s,
                 handshake_timeout_s=settings.header_timeout_s,
@@ -128,6 +143,7 @@ def create_app(
             if grpc_server is not None:
                 await grpc_server.stop(settings.grpc_shutdown_grace_s)
             await manager.close()
+            await regions.close()  # unmapped, and unregistered from Triton while its connection is still open
             await backend.close()
             await shaper.close()
 
@@ -137,5 +153,7 @@ def create_app(
     app.state.grpc_port = None
     add_routes(app, Endpoints(dataplane, max_body_bytes=settings.max_body_bytes))
     add_admin_routes(app, AdminEndpoints(manager, AdminAuth(settings.admin_token), settings))
+    add_repository_routes(app, RepositoryEndpoints(repository_api, max_body_bytes=settings.max_body_bytes))
+    add_v2_routes(app, shared_memory_routes(SharedMemoryEndpoints(dataplane)))
     install_openapi(app)
     return app

@@ -15,8 +15,25 @@ from services.gateway.errors import DeadlineExceeded, GatewayError, InferenceFai
 from services.gateway.types import Array
 
 Execute = Callable[[dict[str, Array]], Awaitable[dict[str, Array]]]
-Observer = Callable[[int, list[float], float], None]
-"""Called once per executed batch with (rows, queue wait of each request, execution seconds)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutedBatch:
+    """One batch the batcher ran, as its observer sees it (seconds)."""
+
+    rows: int
+    waits: list[float]
+    """Queue wait of each request in the batch: from its arrival to the batch starting."""
+    merge_s: float
+    """Merging the requests' inputs into the batch."""
+    execute_s: float
+    """The runtime's run, the hop to its thread included."""
+    split_s: float
+    """Checking the outputs and slicing them back to each caller."""
+
+
+Observer = Callable[[ExecutedBatch], None]
+"""Called once per executed batch, after its callers have their outputs."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +137,9 @@ class DynamicBatcher:
             try:
                 await self._run(batch)
             finally:
+                # Hold no tensor while waiting for the next batch: one may be a view of a client's shared memory,
+                # which must unmap when the client unregisters it, not when the next request comes.
+                batch = []
                 self._busy -= 1
                 await self._notify_idle()
 
@@ -202,7 +222,9 @@ class DynamicBatcher:
                 merged = dict(batch[0].inputs)
             else:
                 merged = {name: np.concatenate([i.inputs[name] for i in batch]) for name in batch[0].inputs}
+            merged_at = time.monotonic()
             outputs = await self._execute(merged)
+            executed_at = time.monotonic()
             if self._policy.max_batch_size > 0:
                 for name, value in outputs.items():
                     if value.ndim == 0 or value.shape[0] != rows:
@@ -219,9 +241,6 @@ class DynamicBatcher:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        elapsed = time.monotonic() - started
-        if self._observer is not None:
-            self._observer(rows, [started - item.enqueued for item in batch], elapsed)
         offset = 0
         for item in batch:
             if not item.future.done():
@@ -230,3 +249,7 @@ class DynamicBatcher:
                 else:
                     item.future.set_result({n: v[offset : offset + item.rows] for n, v in outputs.items()})
             offset += item.rows
+        if self._observer is not None:  # the callers resume on a later loop turn: they see the batch counted
+            waits = [started - item.enqueued for item in batch]
+            split_s = time.monotonic() - executed_at
+            self._observer(ExecutedBatch(rows, waits, merged_at - started, executed_at - merged_at, split_s))

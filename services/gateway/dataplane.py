@@ -18,11 +18,14 @@ from services.gateway.backends.base import Backend
 from services.gateway.errors import DeadlineExceeded, GatewayError, InferenceFailed, ModelNotReady
 from services.gateway.leases import Leases
 from services.gateway.metrics import OTHER, GatewayMetrics
+from services.gateway.region_tensors import check_room, detach, place_outputs
 from services.gateway.repository import Catalog
 from services.gateway.routing import Header, Router
 from services.gateway.shadow import ShadowRunner
 from services.gateway.shaping.keys import ANONYMOUS
 from services.gateway.shaping.shaper import Shaper
+from services.gateway.shared_memory import SharedMemoryRegions
+from services.gateway.statistics import Hops, StatisticsReport, gather
 from services.gateway.traffic import TrafficWindows
 from services.gateway.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
 from services.gateway.validation import validate
@@ -30,7 +33,7 @@ from services.gateway.validation import validate
 log = logging.getLogger(__name__)
 SERVER_NAME = "switchyard"
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ("binary_tensor_data", "model_configuration")
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "statistics")
 
 
 class DataPlane:
@@ -44,6 +47,7 @@ class DataPlane:
         windows: TrafficWindows,
         shadows: ShadowRunner,
         shaper: Shaper,
+        regions: SharedMemoryRegions | None = None,
     ) -> None:
         self.catalog = catalog
         self.backend = backend
@@ -53,6 +57,9 @@ class DataPlane:
         self.windows = windows
         self.shadows = shadows
         self.shaper = shaper
+        self.hops = Hops()
+        self.regions = regions if regions is not None else SharedMemoryRegions(enabled=False)
+        """The clients' shared-memory regions (the extension is off unless the app passes an enabled registry)."""
 
     async def live(self) -> bool:
         """The gateway answering is its liveness. A dead backend makes it unready, not dead: a liveness
@@ -69,7 +76,7 @@ class DataPlane:
         return all(router.ready(model) or router.problem(model) is not None for model in self.catalog.entries)
 
     def server_metadata(self) -> dict[str, object]:
-        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
+        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": [*EXTENSIONS, *self.regions.extensions]}
 
     def resolve(self, model: str, version: int | None) -> int:
         """The version a request is served by; 404 when unknown, 503 when it exists but is not ready."""
@@ -99,6 +106,10 @@ class DataPlane:
     async def model_config(self, model: str, version: int | None) -> model_config_pb2.ModelConfig:
         return await self.backend.config(model, self.resolve(model, version))
 
+    async def statistics(self, model: str, version: int | None) -> StatisticsReport:
+        """The statistics extension: ``model`` empty for every model, ``version`` ``None`` for every ready one."""
+        return await gather(self.catalog, self.backend, self.hops, model, version)
+
     async def infer(self, request: InferRequest, *, protocol: str, header: Header | None = None) -> InferResponse:
         """``header`` reads the request's headers (gRPC: metadata), for a sticky canary split. The front end has
         run the checks that come before validation (body size, API key, rate limit) and set the deadline."""
@@ -112,23 +123,30 @@ class DataPlane:
             # for a concurrency slot holds it too: it will be served by the version it was routed to).
             self.leases.acquire(model, version)
             try:
-                validate(request, await self.backend.metadata(model, version))
+                metadata = await self.backend.metadata(model, version)
+                validate(request, metadata)
+                if request.output_regions:
+                    check_room(request, metadata)  # before the model runs, when the shapes tell
                 response = await self._admitted(request, version)
             finally:
                 self.leases.release(model, version)
             response.outputs = self._select(request, response)
+            if request.output_regions:
+                place_outputs(request, response.outputs)
         except Exception as exc:
             error = self._client_error(exc, model, version)
             served = version if version is not None else request.version
             self.record_error(model, served, protocol, error, request.tenant)
             if version is not None:
                 error.version = version  # the answer names the version that failed (a canary's, say)
+                self.hops.failed(model, version, time.perf_counter() - started)
                 if watched:
                     self.windows.observe(model, version, error.status, time.perf_counter() - started)
             if error is exc:
                 raise
             raise error from exc
         elapsed = time.perf_counter() - started
+        self.hops.served(model, version, elapsed)
         series = self.metrics.served(model, str(version), protocol)
         series.ok.inc()
         series.duration.observe(elapsed)
@@ -138,7 +156,7 @@ class DataPlane:
                 self.windows.observe(model, version, 200, elapsed)
             record = self.router.record(model)
             if record is not None and record.shadow is not None and version == record.stable:
-                self.shadows.offer(record.shadow, request, response)
+                self.shadows.offer(record.shadow, *detach(request, response))
         return response
 
     def record_error(
@@ -198,19 +216,24 @@ class DataPlane:
             gate.leave(time.monotonic() - began)
 
     async def _call(self, request: InferRequest, version: int) -> InferResponse:
+        """The backend call, timed: what the gateway adds around it is its hop (``Hops``)."""
         deadline = request.deadline
+        began = time.perf_counter()
         if deadline is None:
-            return await self.backend.infer(request, version=version, timeout_s=None, priority=request.priority)
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise self._expired(request, "while it waited for a free slot")
-        try:
-            async with asyncio.timeout(remaining):
-                return await self.backend.infer(
-                    request, version=version, timeout_s=remaining, priority=request.priority
-                )
-        except TimeoutError:
-            raise self._expired(request, "") from None
+            response = await self.backend.infer(request, version=version, timeout_s=None, priority=request.priority)
+        else:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._expired(request, "while it waited for a free slot")
+            try:
+                async with asyncio.timeout(remaining):
+                    response = await self.backend.infer(
+                        request, version=version, timeout_s=remaining, priority=request.priority
+                    )
+            except TimeoutError:
+                raise self._expired(request, "") from None
+        self.hops.backend(request.model, version, time.perf_counter() - began)
+        return response
 
     @staticmethod
     def _expired(request: InferRequest, where: str) -> DeadlineExceeded:

@@ -26,7 +26,9 @@ _NUMPY: dict[str, np.dtype[Any]] = {
     "FP16": np.dtype(np.float16),
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(np.object_),
 }
+"""BYTES arrays hold ``bytes`` objects (``bytes_tensors`` reads and writes them): their ``itemsize`` is a pointer's."""
 MAX_RANK = 32
 """numpy 1.26's limit (2.x allows 64); it also keeps the shapes quoted in error messages short."""
 MAX_DIM = 2**63 - 1
@@ -40,10 +42,6 @@ def numpy_dtype(datatype: str, tensor: str) -> np.dtype[Any]:
         return _NUMPY[datatype]
     except KeyError:
         supported = ", ".join(_NUMPY)
-        if datatype == "BYTES":
-            raise InvalidInput(
-                f"input '{tensor}': BYTES tensors are not supported yet; use one of {supported}"
-            ) from None
         raise InvalidInput(
             f"input '{tensor}': datatype {shown(datatype)} is not supported; expected one of {supported}"
         ) from None

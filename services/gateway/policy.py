@@ -85,6 +85,8 @@ def _routed(manager: VersionManager, model: str) -> RoutingRecord:
     record = manager.router.record(model)
     if record is None:
         raise Conflict(f"model '{model}' has no routing yet (no version of it serves)")
+    if record.unloaded:
+        raise Conflict(f"model '{model}' was unloaded through the repository API; load or activate it first")
     return record
 
 

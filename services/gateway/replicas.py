@@ -49,7 +49,7 @@ async def _adopt(manager: VersionManager, model: str, record: RoutingRecord) -> 
     current = manager.router.record(model)
     if current is not None and record.generation <= current.generation:
         return True
-    needed = {record.stable}
+    needed = set() if record.unloaded else {record.stable}
     if record.canary is not None and record.canary.weight > 0:
         needed.add(record.canary.version)
     if record.shadow is not None:
@@ -77,7 +77,7 @@ async def _adopt(manager: VersionManager, model: str, record: RoutingRecord) -> 
         return False
     manager.set_routing(model, record)
     log.info("model '%s': following routing generation %d: stable %d", model, record.generation, record.stable)
-    if record.loaded and not manager.backend.shared_server:
+    if (record.loaded or record.unloaded) and not manager.backend.shared_server:
         await _unload_extras(manager, model, target)
     return True
 

@@ -14,6 +14,7 @@ from services.gateway.state import RoutingRecord
 from services.gateway.state.policies import CanaryPolicy
 from services.gateway.types import VersionState
 
+UNLOADED = "unloaded through the repository API (load it again to serve it)"
 Header = Callable[[str], str | None]
 """Looks up one request header (lowercase name) or gRPC metadata key; ``None`` when absent."""
 
@@ -65,6 +66,8 @@ class Router:
                 raise ModelNotReady(
                     f"model '{model}' is unavailable: {problem}" if problem else f"model '{model}' has no ready version"
                 )
+            if record.unloaded:  # as Triton answers for a model unloaded through its repository API
+                raise ModelNotFound(f"model '{model}' has no loaded version: {UNLOADED}")
             version = record.stable
             canary = record.canary
             if canary is not None and canary.weight > 0 and _canary_side(canary, header):
@@ -104,6 +107,9 @@ class Router:
         entry = self._catalog.entries.get(model)
         if entry is not None and entry.problem is not None:
             return entry.problem
+        record = self._records.get(model)
+        if version is None and record is not None and record.unloaded:
+            return UNLOADED  # settled on purpose: the gateway is ready without it
         if version is not None:
             return self._notes.get((model, version)) or self._backend.problem(model, version)
         noted = [f"version {v}: {reason}" for (m, v), reason in sorted(self._notes.items()) if m == model]
@@ -113,4 +119,6 @@ class Router:
     def ready(self, model: str) -> bool:
         """The model's stable version serves unversioned requests now."""
         record = self._records.get(model)
-        return record is not None and self._backend.state(model, record.stable) is VersionState.READY
+        if record is None or record.unloaded:
+            return False
+        return self._backend.state(model, record.stable) is VersionState.READY

@@ -36,8 +36,15 @@ class Settings(BaseSettings):
     """Longest wait between two gRPC reconnection attempts while Triton is gone."""
     triton_max_inflight: int = 4096
     """Requests in flight to Triton at most; beyond it requests are refused with 503."""
+    triton_shared_memory: bool = False
+    """Triton runs on this host and sees its /dev/shm: shared-memory regions clients register are registered in
+    Triton too and requests name them, so tensors skip the gRPC hop. False: the gateway copies tensors between the
+    regions and its requests to Triton."""
     admin_token: SecretStr | None = None
     """Bearer token of the admin API (``/admin``, ``switchyard models``); unset or empty: the admin API is off."""
+    repository_api_open: bool = False
+    """Let anyone call the model-repository extension (``/v2/repository/...``, gRPC ``Repository*``: index, load,
+    unload) without the admin token. False: those calls need ``Authorization: Bearer <SWITCHYARD_ADMIN_TOKEN>``."""
     state_path: Path | None = None
     """Routing state file (its audit log lies beside it); default: under ``$XDG_STATE_HOME/switchyard``, named
     after the repository, never inside it. One gateway per file."""
@@ -75,6 +82,15 @@ class Settings(BaseSettings):
     max_body_bytes: int = 64 * 1024 * 1024
     """Largest inference request body accepted, checked while it streams in (HTTP 413 / gRPC
     RESOURCE_EXHAUSTED above it)."""
+    shared_memory: bool = False
+    """Serve the system shared-memory extension (``/v2/systemsharedmemory``, gRPC ``SystemSharedMemory*``) to
+    clients on this host: they register POSIX shm objects under /dev/shm, which the gateway maps read-write. Off by
+    default, as in Triton (``--allow-client-shm``): any client that can reach the gateway could name any shm object of
+    the gateway's user. Off: status lists nothing, unregister does nothing, register is refused."""
+    shared_memory_max_regions: int = 256
+    """Shared-memory regions registered at most (all tenants together)."""
+    shared_memory_max_bytes: int = 4 * 1024**3
+    """Bytes of shared memory mapped at most (the regions' byte sizes, all tenants together)."""
     api_keys: SecretStr | None = None
     """Comma-separated ``key[:tenant]`` entries; set (or ``api_keys_file`` set): inference needs an API key
     (``X-API-Key`` header, ``x-api-key`` gRPC metadata). Unset: open. A key without a tenant is its own tenant,
@@ -137,7 +153,8 @@ class Settings(BaseSettings):
         counts = {
             "max_body_bytes": self.max_body_bytes, "max_concurrency": self.max_concurrency,
             "max_queue": self.max_queue, "embedded_max_queue": self.embedded_max_queue,
-            "rate_limit_burst": self.rate_limit_burst,
+            "rate_limit_burst": self.rate_limit_burst, "shared_memory_max_regions": self.shared_memory_max_regions,
+            "shared_memory_max_bytes": self.shared_memory_max_bytes,
         }
         for name, value in counts.items():
             if value < 0:

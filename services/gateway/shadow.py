@@ -11,6 +11,7 @@ import random
 import numpy as np
 
 from services.gateway.backends.base import Backend
+from services.gateway.bytes_tensors import OBJECT, differing
 from services.gateway.errors import GatewayError
 from services.gateway.leases import Leases
 from services.gateway.metrics import GatewayMetrics
@@ -70,14 +71,18 @@ class ShadowRunner:
 
 def compare(served: dict[str, Array], shadow: dict[str, Array]) -> tuple[float, int]:
     """The largest |served - shadow| over the outputs both have (inf when shapes differ or values are not
-    finite), and how many rows of a classifier-like output (floats, rows of several scores) pick another
-    argmax."""
+    finite; for BYTES outputs, which have no distance, 0 when equal and inf when a string differs), and how many
+    rows of a classifier-like output (floats, rows of several scores) pick another argmax."""
     worst, disagreements = 0.0, 0
     for name, value in served.items():
         other = shadow.get(name)
         if other is None or other.shape != value.shape:
             return float("inf"), disagreements
         if value.size == 0:
+            continue
+        if value.dtype == OBJECT or other.dtype == OBJECT:
+            if value.dtype != other.dtype or differing(value, other):
+                return float("inf"), disagreements
             continue
         difference = float(np.max(np.abs(value.astype(np.float64) - other.astype(np.float64))))
         worst = max(worst, difference if np.isfinite(difference) else float("inf"))

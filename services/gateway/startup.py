@@ -27,6 +27,9 @@ async def start_models(manager: VersionManager) -> None:
             log.error("model '%s' is unavailable: %s", name, entry.problem or f"no version folder in {entry.path}")
             continue
         record = records.get(name)
+        if record is not None and record.unloaded:  # stays unloaded, as Triton keeps a model it was told to unload
+            manager.set_routing(name, record)
+            continue
         # What the replicas keep loaded, when the record says; else what the version policy selects.
         recorded = set(record.loaded) & set(entry.available) if record is not None else set()
         wanted = recorded or set(entry.selected)

@@ -5,10 +5,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+
+from services.gateway.bytes_tensors import is_bytes, serialize
+
+if TYPE_CHECKING:
+    from services.gateway.region_tensors import RegionSlice
 
 Array = npt.NDArray[Any]
 
@@ -50,6 +55,8 @@ class InferInput:
     datatype: str
     shape: tuple[int, ...]
     data: Array
+    region: RegionSlice | None = None
+    """Where ``data`` lies when the client sent it in shared memory (``data`` is a view of it)."""
 
 
 @dataclass(slots=True)
@@ -73,6 +80,8 @@ class InferRequest:
     tenant: str = "anonymous"
     """Who sent it (the API key's tenant), for metrics; never the key."""
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    output_regions: Mapping[str, RegionSlice] = field(default_factory=dict)
+    """Requested outputs the client wants written into its shared memory, by name."""
 
 
 @dataclass(slots=True)
@@ -83,6 +92,8 @@ class InferOutput:
     raw: bytes | None = None
     """``data``'s bytes as the backend received them, when it has them (Triton): front ends send these as they
     are instead of serialising ``data`` again."""
+    region: RegionSlice | None = None
+    """Set once the output lies in the client's shared memory: the response names the slice instead of data."""
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -98,5 +109,12 @@ class InferResponse:
 
 
 def as_bytes(array: Array) -> memoryview:
-    """The array's bytes without a copy when it is already C-contiguous."""
+    """The array's bytes without a copy when it is already C-contiguous; a BYTES array's serialized form."""
+    if is_bytes(array):
+        return memoryview(serialize(array))
     return np.ascontiguousarray(array).data.cast("B")
+
+
+def raw_bytes(array: Array) -> bytes:
+    """The array's bytes as a new ``bytes`` (what protobuf's bytes fields take); a BYTES array's serialized form."""
+    return serialize(array) if is_bytes(array) else np.ascontiguousarray(array).tobytes()

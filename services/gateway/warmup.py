@@ -1,6 +1,6 @@
 """Warm-up for a model version before it takes traffic: the exporter's sample inputs when the version has a
-manifest, else the config's ``model_warmup``, else zero-filled inputs of the declared shapes (dynamic dims as 1),
-run through the backend and checked against the config."""
+manifest, else the config's ``model_warmup``, else zero-filled inputs of the declared shapes (dynamic dims as 1;
+empty strings for BYTES), run through the backend and checked against the config."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from services.gateway.backends.base import Backend
+from services.gateway.bytes_tensors import OBJECT, deserialize, differing, filled
 from services.gateway.datatypes import from_config, numpy_dtype
-from services.gateway.errors import GatewayError
+from services.gateway.errors import GatewayError, InvalidInput
 from services.gateway.repository import ModelEntry
 from services.gateway.types import Array, InferInput, InferRequest, ModelMetadata
 from services.gateway.validation import validate
@@ -51,7 +52,7 @@ def warmup_requests(model_dir: Path, version: int, config: mc.ModelConfig) -> li
         return [Warmup(inputs, f"manifest samples ({_rows(inputs, config)} rows)")]
     if config.model_warmup:
         return [_from_config(model_dir, config, sample) for sample in config.model_warmup]
-    inputs = {t.name: np.zeros(_zero_shape(t, config), dtype=_dtype(t)) for t in config.input}
+    inputs = {t.name: _zeros(_zero_shape(t, config), _dtype(t)) for t in config.input}
     return [Warmup(inputs, "zero-filled inputs (no manifest, no model_warmup)")]
 
 
@@ -72,20 +73,34 @@ def _from_config(model_dir: Path, config: mc.ModelConfig, sample: mc.ModelWarmup
                 raw = path.read_bytes()
             except OSError as exc:
                 raise WarmupError(f"model_warmup '{sample.name}': cannot read {path}: {exc.strerror}") from None
-            count = math.prod(dims)
-            if len(raw) != count * dtype.itemsize:
-                raise WarmupError(
-                    f"model_warmup '{sample.name}': {path} has {len(raw)} bytes, dims {dims} of "
-                    f"{from_config(spec.data_type)} need {count * dtype.itemsize}"
-                )
-            row = np.frombuffer(raw, dtype=dtype).reshape(dims)
-        elif kind == "random_data":
+            row = _file_data(raw, dims, dtype, f"model_warmup '{sample.name}': {path}", tensor.name, spec.data_type)
+        elif kind == "random_data" and dtype != OBJECT:  # strings fall back to zero_data, as in Triton
             row = np.random.default_rng(0).standard_normal(dims).astype(dtype)
         else:
-            row = np.zeros(dims, dtype=dtype)
+            row = _zeros(dims, dtype)
         # Triton repeats the sample batch_size times for a batching model.
         inputs[tensor.name] = np.ascontiguousarray(np.broadcast_to(row, (rows, *dims))) if batched else row
     return Warmup(inputs, f"model_warmup '{sample.name}' (batch {rows if batched else 1})")
+
+
+def _file_data(raw: bytes, dims: list[int], dtype: np.dtype[Any], where: str, name: str, data_type: int) -> Array:
+    """A ``model_warmup`` input file: raw values, or for strings Triton's serialized form."""
+    if dtype == OBJECT:
+        try:
+            return deserialize(raw, tuple(dims), name, kind="warm-up input")
+        except InvalidInput as exc:
+            raise WarmupError(f"{where}: {exc}") from None
+    count = math.prod(dims)
+    if len(raw) != count * dtype.itemsize:
+        raise WarmupError(
+            f"{where} has {len(raw)} bytes, dims {dims} of {from_config(data_type)} need {count * dtype.itemsize}"
+        )
+    return np.frombuffer(raw, dtype=dtype).reshape(dims)
+
+
+def _zeros(shape: list[int], dtype: np.dtype[Any]) -> Array:
+    """Zeros, or empty strings for BYTES (Triton's ``zero_data`` for strings reads as empty strings too)."""
+    return filled(shape) if dtype == OBJECT else np.zeros(shape, dtype=dtype)
 
 
 def _dtype(tensor: mc.ModelInput) -> np.dtype[np.generic]:
@@ -131,8 +146,8 @@ async def warm_up(backend: Backend, entry: ModelEntry, version: int, *, timeout_
 
 
 def probe_request(config: mc.ModelConfig) -> dict[str, Array]:
-    """Two rows of seeded random values (zeros for integer and boolean inputs): something to compare two
-    versions on when the only warm-up data is zeros, on which most models answer alike."""
+    """Two rows of seeded random values (zeros for integer and boolean inputs, empty strings for BYTES): something
+    to compare two versions on when the only warm-up data is zeros, on which most models answer alike."""
     generator = np.random.default_rng(0)
     inputs = {}
     for tensor in config.input:
@@ -141,7 +156,7 @@ def probe_request(config: mc.ModelConfig) -> dict[str, Array]:
         if config.max_batch_size > 0:
             shape[0] = min(2, int(config.max_batch_size))
         floating = np.issubdtype(dtype, np.floating)
-        inputs[tensor.name] = generator.standard_normal(shape).astype(dtype) if floating else np.zeros(shape, dtype)
+        inputs[tensor.name] = generator.standard_normal(shape).astype(dtype) if floating else _zeros(shape, dtype)
     return inputs
 
 
@@ -179,7 +194,8 @@ async def run_requests(
 
 
 def max_abs_difference(new: list[dict[str, Array]], old: list[dict[str, Array]]) -> dict[str, float | str]:
-    """Per output, the largest |new - old| over every request (or why they cannot be compared)."""
+    """Per output, the largest |new - old| over every request (or why they cannot be compared); BYTES outputs
+    have no distance: 0 when equal, else how many strings differ."""
     worst: dict[str, float | str] = {}
     for got, had in zip(new, old, strict=True):
         for name, value in got.items():
@@ -187,6 +203,12 @@ def max_abs_difference(new: list[dict[str, Array]], old: list[dict[str, Array]])
                 worst[name] = "missing from the current version's answer"
             elif value.shape != had[name].shape:
                 worst[name] = f"shape {list(value.shape)} vs {list(had[name].shape)}"
+            elif value.dtype == OBJECT or had[name].dtype == OBJECT:
+                changed = differing(value, had[name]) if value.dtype == had[name].dtype else value.size
+                if changed and not isinstance(worst.get(name), str):
+                    worst[name] = f"{changed} of {value.size} strings differ"
+                else:
+                    worst.setdefault(name, 0.0)
             elif not isinstance(worst.get(name, 0.0), str):
                 diff = float(np.max(np.abs(value.astype(np.float64) - had[name].astype(np.float64)), initial=0.0))
                 # JSON has no NaN: a version that answers NaN or inf says so in words.

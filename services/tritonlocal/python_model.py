@@ -2,6 +2,10 @@
 
 Not imported by Switchyard: the derived-repository builder copies this file as ``<model>/<version>/model.py``
 and Triton's python stub runs it, inside the stub env (numpy < 2, onnxruntime, torch).
+
+String (BYTES) tensors arrive as object arrays of ``bytes``; onnxruntime's python API takes them only as ``str``
+(it would run ``str()`` on ``bytes``), TorchScript as a ``List[str]``: inputs are decoded (an element that is not
+UTF-8 is that request's INVALID_ARG) and string outputs encoded back to ``bytes``.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class TritonPythonModel:
             self.run: Runner = _onnx_runner(folder / artifact, *names, threads=threads)
         else:
             self.run = _torch_runner(folder / artifact, threads=threads)
+        self.torchscript = runtime == "torchscript"
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses: list[Any] = [None] * len(requests)
@@ -53,7 +58,7 @@ class TritonPythonModel:
             try:
                 arrays = self._read_inputs(request)
             except ValueError as exc:
-                responses[index] = _error(str(exc))
+                responses[index] = _error(str(exc), getattr(pb_utils.TritonError, "INVALID_ARG", None))
                 continue
             # Rows concatenate only when every non-batch dim agrees (inputs with dynamic dims may not).
             key = tuple(a.shape[1:] for a in arrays) if self.batched else (index,)
@@ -71,7 +76,7 @@ class TritonPythonModel:
             array = tensor.as_numpy()
             if array.dtype != dtype:
                 raise ValueError(f"input '{name}' has dtype {array.dtype}, the model expects {np.dtype(dtype)}")
-            arrays.append(array)
+            arrays.append(_text(name, array, self.torchscript) if array.dtype == np.object_ else array)
         if self.batched and len({a.shape[0] if a.ndim else -1 for a in arrays}) != 1:
             raise ValueError("all inputs of a request must have the same batch size")
         return arrays
@@ -93,7 +98,7 @@ class TritonPythonModel:
             return
         for (index, _), part in zip(members, parts, strict=True):
             tensors = [
-                pb_utils.Tensor(name, np.ascontiguousarray(a, dtype=dtype))
+                pb_utils.Tensor(name, _encoded(a) if dtype == np.object_ else np.ascontiguousarray(a, dtype=dtype))
                 for (name, dtype), a in zip(self.outputs, part, strict=True)
             ]
             responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
@@ -112,8 +117,41 @@ class TritonPythonModel:
         return [list(part) for part in zip(*per_output, strict=True)]
 
 
-def _error(message: str) -> Any:
-    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+def _error(message: str, code: Any = None) -> Any:
+    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
+
+
+def _text(name: str, array: Array, torchscript: bool) -> Array:
+    """A BYTES input as ``str`` elements; ``ValueError`` (the client's fault) naming the element that is not UTF-8."""
+    if torchscript and array.ndim != 1:
+        raise ValueError(f"input '{name}' is BYTES of shape {list(array.shape)}: TorchScript takes only 1-D strings")
+    flat = array.reshape(-1).tolist()
+    strings = []
+    for index, value in enumerate(flat):
+        try:
+            strings.append(value.decode() if isinstance(value, bytes) else str(value))
+        except UnicodeDecodeError as exc:
+            reason = f"{exc.reason} at byte {exc.start}"
+            raise ValueError(f"input '{name}': string {index} is not valid UTF-8 ({reason})") from None
+    result = np.empty(len(strings), dtype=np.object_)
+    result[:] = strings
+    return result.reshape(array.shape)
+
+
+def _encoded(array: Any) -> Array:
+    """A string output (``str`` or ``bytes`` elements, or a TorchScript ``List[str]``) as an object array of bytes."""
+    values = np.array(array, dtype=np.object_) if isinstance(array, np.ndarray) else _strings(array)
+    flat = [v.encode() if isinstance(v, str) else v for v in values.reshape(-1).tolist()]
+    result = np.empty(len(flat), dtype=np.object_)
+    result[:] = flat
+    return result.reshape(values.shape)
+
+
+def _strings(values: list[str]) -> Array:
+    result = np.empty(len(values), dtype=np.object_)
+    result[:] = values
+    return result
 
 
 def _onnx_runner(path: Path, input_names: list[str], output_names: list[str], *, threads: int) -> Runner:
@@ -144,12 +182,19 @@ def _torch_runner(path: Path, *, threads: int) -> Runner:
 
     def run(arrays: Sequence[Array]) -> list[Array]:
         with torch.inference_mode():
-            # torch refuses read-only numpy views (inputs can live in the stub's shared memory).
-            result = module(*(torch.from_numpy(a if a.flags.writeable else a.copy()) for a in arrays))
-        if isinstance(result, torch.Tensor):
-            result = (result,)
+            result = module(*(_torch_value(torch, a) for a in arrays))
+        strings = isinstance(result, list) and (not result or isinstance(result[0], str))
+        if isinstance(result, torch.Tensor) or strings:
+            result = (result,)  # one tensor, or one List[str]
         elif isinstance(result, dict):
             result = tuple(result.values())
-        return [t.detach().cpu().numpy() for t in result]
+        return [t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else _encoded(t) for t in result]
 
     return run
+
+
+def _torch_value(torch: Any, array: Array) -> Any:
+    if array.dtype == np.object_:  # decoded by _text: a 1-D array of str, which TorchScript takes as List[str]
+        return array.tolist()
+    # torch refuses read-only numpy views (inputs can live in the stub's shared memory).
+    return torch.from_numpy(array if array.flags.writeable else array.copy())

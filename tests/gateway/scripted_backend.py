@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
+from tritonclient.grpc import model_config_pb2, service_pb2
 
 from services.gateway.errors import GatewayError, InferenceFailed, ModelNotFound
 from services.gateway.types import InferOutput, InferRequest, InferResponse, ModelMetadata, TensorSpec, VersionState
@@ -135,3 +135,15 @@ class ScriptedBackend:
             x = x.repeat(2, axis=0)
         y = x * 2 * self.factor.get(version, 1.0)
         return InferResponse("double", version, [InferOutput("y", "FP32", y), InferOutput("z", "FP32", -x)], request.id)
+
+    async def statistics(self, model: str | None, version: int | None) -> list[service_pb2.ModelStatistics]:
+        """Each ready version with the calls ``infer`` saw as its execution count."""
+        if model not in (None, "double"):
+            return []
+        return [
+            service_pb2.ModelStatistics(
+                name="double", version=str(v), execution_count=sum(1 for call in self.calls if call[0] == v)
+            )
+            for v, state in sorted(self.states.items())
+            if state is VersionState.READY and version in (None, v)
+        ]

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from services.gateway.batcher import BatchPolicy, DynamicBatcher
+from services.gateway.batcher import BatchPolicy, DynamicBatcher, ExecutedBatch
 from services.gateway.errors import DeadlineExceeded, GatewayError, InferenceFailed, Overloaded
 from services.gateway.types import Array
 
@@ -154,14 +154,15 @@ async def test_batcher_drains_in_flight_work_when_asked() -> None:
 
 
 async def test_batcher_reports_batches_to_observer_when_executed() -> None:
-    seen: list[tuple[int, int]] = []
-    batcher = DynamicBatcher(
-        Recorder(), BatchPolicy(max_batch_size=4), lambda n, waits, secs: seen.append((n, len(waits)))
-    )
+    seen: list[ExecutedBatch] = []
+    batcher = DynamicBatcher(Recorder(delay_s=0.01), BatchPolicy(max_batch_size=4), seen.append)
     await batcher.start()
     await batcher.submit(rows(3, 0))
     await batcher.close()
-    assert seen == [(3, 1)]
+    assert [(batch.rows, len(batch.waits)) for batch in seen] == [(3, 1)]
+    assert seen[0].execute_s >= 0.005  # the runtime's time, apart from merging and splitting
+    assert seen[0].merge_s >= 0
+    assert seen[0].split_s >= 0
 
 
 async def test_batcher_skips_queue_delay_when_recent_batches_were_single_rows() -> None:

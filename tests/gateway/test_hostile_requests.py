@@ -92,7 +92,7 @@ def test_parse_version_raises_invalid_input_when_malformed(raw: str, message: st
         (_body(data=[[0.0, 0.0], 0.0, 0.0]), "input 'x': 'data' mixes lists and values at the same depth"),
         (_body(data=[[0.0] * 3]), "input 'x': shape [1, 4] needs 4 values, got 3"),
         (_body(datatype=123), "input 'x': 'datatype' must be a string like \"FP32\", got 123"),
-        (_body(datatype="BYTES"), "input 'x': BYTES tensors are not supported yet; use one of BOOL, UINT8,"),
+        (_body(datatype="BYTES"), "input 'x': BYTES data must be strings, got 0.0 at index 0"),
         (_body(datatype="fp32"), "input 'x': datatype 'fp32' is not supported; expected one of BOOL,"),
         (_body(name=7), "every input needs a string 'name', got 7"),
         (_body(parameters=[]), "input 'x': 'parameters' must be a JSON object, got []"),

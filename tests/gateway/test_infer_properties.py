@@ -162,11 +162,18 @@ def _count_of_numbers(value: object) -> int | None:
             if inner is None:
                 return None
             total += inner
-        elif isinstance(item, int | float) and not isinstance(item, bool) and math.isfinite(item):
+        elif _is_number(item):
             total += 1
         else:
             return None
     return total
+
+
+def _is_number(item: object) -> bool:
+    """A JSON number, or one of the spellings JSON data use for non-finite floats (see rest/values.py)."""
+    if isinstance(item, str):
+        return item in ("NaN", "Infinity", "-Infinity")
+    return isinstance(item, int | float) and not isinstance(item, bool) and math.isfinite(item)
 
 
 @st.composite

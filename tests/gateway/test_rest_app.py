@@ -133,7 +133,8 @@ async def test_infer_answers_413_when_body_exceeds_limit(
 async def test_server_endpoints_answer_when_backend_live(client: httpx.AsyncClient) -> None:
     assert (await client.get("/v2/health/live")).status_code == 200
     assert (await client.get("/v2/health/ready")).status_code == 200
-    assert (await client.get("/v2")).json()["extensions"] == ["binary_tensor_data", "model_configuration"]
+    extensions = (await client.get("/v2")).json()["extensions"]
+    assert extensions == ["binary_tensor_data", "model_configuration", "model_repository", "statistics"]
     config = (await client.get("/v2/models/double/versions/1/config")).json()
     assert (config["name"], config["max_batch_size"]) == ("double", 8)
     metadata = (await client.get("/v2/models/double/versions/1")).json()

@@ -145,8 +145,7 @@ def test_grpc_calls_answer_invalid_argument_when_version_malformed(stub: Any, ve
         ),
         (
             _infer_request(datatype="BYTES", bytes_contents=[b"x"] * 32),
-            "input 'features': BYTES tensors are not supported yet; use one of BOOL, UINT8, UINT16, UINT32, UINT64, "
-            "INT8, INT16, INT32, INT64, FP16, FP32, FP64",
+            "input 'features': expected datatype FP32, got BYTES",
         ),
         (
             _infer_request(shape=(1, -32)),

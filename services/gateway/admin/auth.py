@@ -29,14 +29,16 @@ class AdminAuth:
     def check(self, request: Request) -> str:
         """The caller's fingerprint; ``Unauthorized`` (401) without a bearer token, ``Forbidden`` (403) with a wrong
         one or when the admin API is off."""
+        return self.verify(request.headers.get("authorization"))
+
+    def verify(self, header: str | None, api: str = "the admin API") -> str:
+        """``check`` of an ``Authorization`` value (an HTTP header or gRPC metadata) once a token is configured;
+        ``api`` names what asks in the 401's message."""
         if self._token is None:
-            raise Forbidden("the admin API is disabled: start the gateway with SWITCHYARD_ADMIN_TOKEN set to enable it")
-        header = request.headers.get("authorization", "")
-        scheme, _, presented = header.partition(" ")
+            raise Forbidden(f"{api} is disabled: start the gateway with SWITCHYARD_ADMIN_TOKEN set to enable it")
+        scheme, _, presented = (header or "").partition(" ")
         if scheme.lower() != "bearer" or not presented.strip():
-            raise Unauthorized(
-                "the admin API needs 'Authorization: Bearer <token>' (the gateway's SWITCHYARD_ADMIN_TOKEN)"
-            )
+            raise Unauthorized(f"{api} needs 'Authorization: Bearer <token>' (the gateway's SWITCHYARD_ADMIN_TOKEN)")
         candidate = presented.strip().encode()
         if not hmac.compare_digest(candidate, self._token):
             raise Forbidden("the admin token is not valid")

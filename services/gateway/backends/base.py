@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Protocol
 
-from tritonclient.grpc import model_config_pb2
+from tritonclient.grpc import model_config_pb2, service_pb2
 
 from services.gateway.types import InferRequest, InferResponse, ModelMetadata, VersionState
 
@@ -76,6 +76,10 @@ class Backend(Protocol):
         v2 priority (0 = default; lower numbers first, as in Triton). Outputs are all the model's
         outputs, arrays with the batch dim first; the dataplane picks the requested ones.
         """
+
+    async def statistics(self, model: str | None, version: int | None) -> list[service_pb2.ModelStatistics]:
+        """The model server's statistics (Triton's statistics extension) of the ready versions of ``model``
+        (``None``: every model of the catalog), or of one ``version``; in (name, version) order."""
 
 
 def describe_problem(

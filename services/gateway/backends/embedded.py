@@ -6,19 +6,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from tritonclient.grpc import model_config_pb2
+from tritonclient.grpc import model_config_pb2, service_pb2
 
 from services.extras import MissingExtra
 from services.gateway import repository
 from services.gateway.backends.base import describe_problem
-from services.gateway.backends.runners import Runner, UnsupportedModel, build_runner, check_supported
-from services.gateway.batcher import BatchPolicy, DynamicBatcher, Observer
+from services.gateway.backends.runners import Runner, UnsupportedModel, build_runner, check_supported, runtime_inputs
+from services.gateway.batcher import BatchPolicy, DynamicBatcher, ExecutedBatch, Observer
 from services.gateway.errors import GatewayError, ModelNotFound, ModelNotReady
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.statistics import VersionStatistics
 from services.gateway.types import Array, InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
 from services.modelrepo import layout
 
@@ -34,6 +36,8 @@ class _Version:
     batcher: DynamicBatcher | None = None
     pool: ThreadPoolExecutor | None = None
     problem: str | None = None
+    statistics: VersionStatistics = field(default_factory=VersionStatistics)
+    """Counted from this load on: a version loaded again starts afresh, as in Triton."""
 
 
 class EmbeddedBackend:
@@ -135,7 +139,9 @@ class EmbeddedBackend:
             return await loop.run_in_executor(pool, runner.run, inputs)
 
         slot.batcher = DynamicBatcher(
-            execute, _policy(config, instances, self._adaptive_delay, self._max_queue), self._observer(model, version)
+            execute,
+            _policy(config, instances, self._adaptive_delay, self._max_queue),
+            self._observer(model, version, slot.statistics),
         )
         slot.pool = pool
         await slot.batcher.start()
@@ -168,14 +174,31 @@ class EmbeddedBackend:
         slot = self._slot(request.model, version)
         if slot.state is not VersionState.READY or slot.batcher is None:
             raise ModelNotReady(f"model '{request.model}' version {version} is not ready")
-        inputs = {i.name: i.data for i in request.inputs}
-        outputs = await slot.batcher.submit(inputs, timeout_s=timeout_s, priority=priority)
+        inputs = runtime_inputs(slot.config, request.model, request.inputs)  # BYTES as the runtime's text
+        statistics, began = slot.statistics, time.perf_counter()
+        try:
+            outputs = await slot.batcher.submit(inputs, timeout_s=timeout_s, priority=priority)
+        except (Exception, asyncio.CancelledError):  # refused, expired, cancelled or failed: Triton's "fail"
+            statistics.failed(time.perf_counter() - began)
+            raise
+        first = request.inputs[0].data if request.inputs else None
+        rows = int(first.shape[0]) if slot.metadata.max_batch_size > 0 and first is not None and first.ndim else 1
+        statistics.succeeded(rows, time.perf_counter() - began)
         return InferResponse(
             model=request.model,
             version=version,
             id=request.id,
             outputs=[InferOutput(spec.name, spec.datatype, outputs[spec.name]) for spec in slot.metadata.outputs],
         )
+
+    async def statistics(self, model: str | None, version: int | None) -> list[service_pb2.ModelStatistics]:
+        """This gateway's own counters of the ready versions of ``model`` (``None``: every model), or of one."""
+        found = []
+        for name in sorted(self._versions) if model is None else [model]:
+            for number, slot in sorted(self._versions.get(name, {}).items()):
+                if slot.state is VersionState.READY and version in (None, number):
+                    found.append(slot.statistics.message(name, number))
+        return found
 
     def _slot(self, model: str, version: int) -> _Version:
         self._catalog.entry(model)
@@ -208,17 +231,19 @@ class EmbeddedBackend:
             spinning=self._spinning,
         )
 
-    def _observer(self, model: str, version: int) -> Observer | None:
+    def _observer(self, model: str, version: int, statistics: VersionStatistics) -> Observer:
         metrics = self._metrics
         if metrics is None:
-            return None
+            return statistics.executed
         batch_size = metrics.batch_size.labels(model)
         queue_wait = metrics.queue_wait.labels(model)
         backend = metrics.backend_duration.labels(model, str(version))
 
-        def observe(rows: int, waits: list[float], seconds: float) -> None:
-            batch_size.observe(rows)
-            for wait in waits:
+        def observe(batch: ExecutedBatch) -> None:
+            statistics.executed(batch)
+            batch_size.observe(batch.rows)
+            seconds = batch.merge_s + batch.execute_s + batch.split_s
+            for wait in batch.waits:
                 queue_wait.observe(wait)
                 backend.observe(seconds)
 

@@ -1,5 +1,11 @@
 """Blocking model runners for the embedded backend; they are called from a thread pool (onnxruntime and
-libtorch release the GIL while they compute). torch is imported only when a TorchScript model loads."""
+libtorch release the GIL while they compute). torch is imported only when a TorchScript model loads.
+
+BYTES tensors reach the runtimes as text: onnxruntime's string tensors and TorchScript's ``str`` are UTF-8, so
+``runtime_inputs`` decodes them before a request is queued (an element that is not UTF-8 is that request's 400, not
+its batch's failure) and the runners encode string outputs back to the gateway's ``bytes``. onnxruntime takes
+object arrays of ``str`` of any shape; TorchScript takes a ``List[str]``, hence only 1-D BYTES tensors, as with
+Triton's PyTorch backend."""
 
 from __future__ import annotations
 
@@ -8,9 +14,12 @@ from typing import Any, Protocol
 
 import numpy as np
 import onnxruntime as ort
+from tritonclient.grpc import model_config_pb2
 
 from services.extras import require
-from services.gateway.types import Array
+from services.gateway.bytes_tensors import BYTES, decoded, encoded, is_bytes
+from services.gateway.errors import InvalidInput
+from services.gateway.types import Array, InferInput
 from services.modelrepo import layout
 
 
@@ -59,7 +68,7 @@ class OnnxRunner:
 
     def run(self, inputs: dict[str, Array]) -> dict[str, Array]:
         results = self._session.run(self._outputs, inputs)
-        return dict(zip(self._outputs, results, strict=True))
+        return {name: encoded(r, name) if is_bytes(r) else r for name, r in zip(self._outputs, results, strict=True)}
 
 
 class TorchScriptRunner:
@@ -73,10 +82,10 @@ class TorchScriptRunner:
     def run(self, inputs: dict[str, Array]) -> dict[str, Array]:
         torch = self._torch
         # torch.from_numpy shares memory but refuses read-only buffers (frombuffer'd request bodies).
-        args = [torch.from_numpy(_writable(inputs[name])) for name in self._inputs]
+        args = [_torch_value(torch, inputs[name]) for name in self._inputs]
         with torch.inference_mode():
             result = self._module(*args)
-        if isinstance(result, torch.Tensor):
+        if isinstance(result, torch.Tensor) or _is_strings(result):  # a List[str] is one output, not several
             values = [result]
         elif isinstance(result, dict):
             values = [result[name] for name in self._outputs]
@@ -84,8 +93,43 @@ class TorchScriptRunner:
             values = list(result)
         if len(values) != len(self._outputs):
             raise RuntimeError(f"TorchScript module returned {len(values)} outputs, config lists {len(self._outputs)}")
-        return {name: value.numpy() for name, value in zip(self._outputs, values, strict=True)}
+        return {name: _numpy_value(torch, name, value) for name, value in zip(self._outputs, values, strict=True)}
 
 
-def _writable(array: Array) -> Array:
-    return array if array.flags.writeable else np.array(array)
+def runtime_inputs(config: model_config_pb2.ModelConfig, model: str, inputs: list[InferInput]) -> dict[str, Array]:
+    """A request's inputs keyed by name as the model's runtime takes them: BYTES decoded to ``str``."""
+    if all(tensor.datatype != BYTES for tensor in inputs):
+        return {tensor.name: tensor.data for tensor in inputs}
+    torchscript = layout.platform(config) == layout.TORCHSCRIPT_PLATFORM
+    found = {}
+    for tensor in inputs:
+        data = tensor.data
+        if tensor.datatype == BYTES:
+            if torchscript and data.ndim != 1:
+                raise InvalidInput(
+                    f"TorchScript model '{model}' input '{tensor.name}' is BYTES: TorchScript takes strings as a "
+                    f"List[str], so only 1-D BYTES tensors can be served (as with Triton's PyTorch backend); got "
+                    f"shape {list(data.shape)}"
+                )
+            runtime = "TorchScript strings" if torchscript else "onnxruntime string tensors"
+            data = decoded(data, tensor.name, f"{runtime} hold UTF-8 text")
+        found[tensor.name] = data
+    return found
+
+
+def _torch_value(torch: Any, array: Array) -> Any:
+    if is_bytes(array):  # decoded by runtime_inputs: a 1-D array of str
+        return array.tolist()
+    return torch.from_numpy(array if array.flags.writeable else np.array(array))
+
+
+def _is_strings(value: Any) -> bool:
+    return isinstance(value, list) and (not value or isinstance(value[0], str))
+
+
+def _numpy_value(torch: Any, name: str, value: Any) -> Array:
+    if isinstance(value, torch.Tensor):
+        return value.numpy()  # type: ignore[no-any-return]
+    if _is_strings(value):  # a List[str] output
+        return encoded(np.array(value, dtype=object).reshape(len(value)), name)
+    raise RuntimeError(f"TorchScript module returned {type(value).__name__} for output '{name}'")

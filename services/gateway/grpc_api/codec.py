@@ -13,9 +13,12 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from services.gateway import versions
+from services.gateway.bytes_tensors import BYTES, deserialize
 from services.gateway.datatypes import checked_shape, narrow, numpy_dtype, shaped
 from services.gateway.errors import InvalidInput
-from services.gateway.types import InferInput, InferRequest, InferResponse, ModelMetadata
+from services.gateway.grpc_api.shared_memory import output_regions, put_parameters, region_input, shared_parameters
+from services.gateway.region_tensors import NO_REGIONS, TensorRegions
+from services.gateway.types import InferInput, InferRequest, InferResponse, ModelMetadata, raw_bytes
 
 _CONTENTS = {
     "BOOL": "bool_contents",
@@ -29,6 +32,7 @@ _CONTENTS = {
     "UINT64": "uint64_contents",
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
 }
 _FIELD_DTYPES = {
     "bool_contents": np.dtype(np.bool_),
@@ -38,6 +42,7 @@ _FIELD_DTYPES = {
     "uint64_contents": np.dtype(np.uint64),
     "fp32_contents": np.dtype(np.float32),
     "fp64_contents": np.dtype(np.float64),
+    "bytes_contents": np.dtype(np.object_),  # narrow() passes it through: elements are bytes already
 }
 """What each ``InferTensorContents`` field holds: the values arrive as these, then narrow to the datatype."""
 _INTEGER_PARAMS = ("int64_param", "uint64_param")
@@ -48,11 +53,19 @@ def parse_version(model: str, raw: str) -> int | None:
     return versions.parse_version(raw)
 
 
-def decode_request(message: Any) -> InferRequest:
+def decode_request(message: Any, regions: TensorRegions = NO_REGIONS) -> InferRequest:
+    """``regions``: the caller's shared-memory regions, which tensor parameters may name."""
     raw = message.raw_input_contents
-    if raw and len(raw) != len(message.inputs):
-        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs")
-    inputs = [_decode_input(tensor, raw[i] if raw else None) for i, tensor in enumerate(message.inputs)]
+    shared = [shared_parameters(tensor.parameters) for tensor in message.inputs]
+    sent = shared.count(None)  # as in Triton, inputs in shared memory have no raw_input_contents entry
+    if raw and len(raw) != sent:
+        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {sent} inputs")
+    contents = iter(raw)
+    inputs = [
+        _decode_input(tensor, next(contents) if raw else None) if params is None
+        else region_input(tensor, params, regions)
+        for tensor, params in zip(message.inputs, shared, strict=True)
+    ]
     params = message.parameters
     timeout = _natural(params, "timeout")  # microseconds, as in Triton; tritonclient sends an int64_param
     return InferRequest(
@@ -63,6 +76,7 @@ def decode_request(message: Any) -> InferRequest:
         outputs=tuple(o.name for o in message.outputs) if len(message.outputs) else None,
         timeout_s=timeout / 1e6 if timeout else None,
         priority=_natural(params, "priority") or 0,  # tritonclient sends a uint64_param
+        output_regions=output_regions(message.outputs, regions),
     )
 
 
@@ -77,6 +91,8 @@ def _decode_input(tensor: Any, raw: bytes | None) -> InferInput:
             raise InvalidInput(
                 f"input '{name}': give each input's data either in contents or in raw_input_contents, not both"
             )
+        if datatype == BYTES:  # raw holds the serialized strings, of no fixed size
+            return InferInput(name, datatype, shape, deserialize(raw, shape, name))
         if len(raw) != count * dtype.itemsize:
             raise InvalidInput(
                 f"input '{name}': shape {list(shape)} of {datatype} needs {count * dtype.itemsize} bytes, "
@@ -114,9 +130,15 @@ def encode_response(response: InferResponse) -> Any:
         model_name=response.model, model_version=str(response.version), id=response.id
     )
     for output in response.outputs:
-        message.outputs.add(name=output.name, datatype=output.datatype, shape=output.data.shape)
+        tensor = message.outputs.add(name=output.name, datatype=output.datatype, shape=output.data.shape)
+        if output.region is not None:
+            # In the client's shared memory: named, not sent. The empty entry keeps raw_output_contents aligned with
+            # the outputs (tritonclient's as_numpy pairs them by position), as Triton does.
+            put_parameters(tensor.parameters, output.region.parameters())
+            message.raw_output_contents.append(b"")
+            continue
         # Triton's own bytes when the backend kept them: a pass-through, not a second serialisation.
-        raw = output.raw if output.raw is not None else np.ascontiguousarray(output.data).tobytes()
+        raw = output.raw if output.raw is not None else raw_bytes(output.data)
         message.raw_output_contents.append(raw)
     return message
 

@@ -7,6 +7,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from services.gateway.dataplane import DataPlane
 from services.gateway.grpc_api.servicer import InferenceServicer
+from services.gateway.repository_api import RepositoryApi
 
 # Streams one connection may have open at once. The gateway admits far fewer requests per model (max_concurrency
 # plus max_queue, 320 by default) and refuses the rest, so a client multiplexing on one channel never waits on
@@ -28,6 +29,7 @@ async def start_server(
     host: str,
     port: int,
     *,
+    repository: RepositoryApi,
     max_message_bytes: int,
     connection_idle_s: float | None = None,
     handshake_timeout_s: float | None = None,
@@ -51,7 +53,8 @@ async def start_server(
     if handshake_timeout_s is not None:
         options.append(("grpc.server_handshake_timeout_ms", max(int(handshake_timeout_s * 1000), 1)))
     server = grpc.aio.server(options=options)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
+    servicer = InferenceServicer(dataplane, repository=repository)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
     return server, bound

@@ -13,7 +13,11 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from services.gateway.dataplane import DataPlane
 from services.gateway.errors import GatewayError, ModelNotFound
+from services.gateway.grpc_api import shared_memory
 from services.gateway.grpc_api.codec import decode_request, encode_metadata, encode_response, parse_version
+from services.gateway.grpc_api.repository import RepositoryService
+from services.gateway.region_tensors import tensor_regions
+from services.gateway.repository_api import RepositoryApi
 from services.gateway.shaping.keys import ANONYMOUS
 
 log = logging.getLogger(__name__)
@@ -25,7 +29,9 @@ STATUS_CODES = {
     401: grpc.StatusCode.UNAUTHENTICATED,
     403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.ABORTED,  # busy with another version action: worth a retry once it has finished
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    422: grpc.StatusCode.FAILED_PRECONDITION,  # a version failed to load or warm up: its files need fixing first
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     500: grpc.StatusCode.INTERNAL,
     503: grpc.StatusCode.UNAVAILABLE,
@@ -38,10 +44,11 @@ def status_code(error: GatewayError) -> grpc.StatusCode:
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    """Methods not overridden here (shared memory, statistics, ...) answer UNIMPLEMENTED."""
+    """Methods not overridden here (streaming inference, trace and log settings) answer UNIMPLEMENTED."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, *, repository: RepositoryApi) -> None:
         self._dataplane = dataplane
+        self._repository = RepositoryService(repository)
 
     async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         return service_pb2.ServerLiveResponse(live=await self._dataplane.live())
@@ -60,6 +67,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             return service_pb2.ModelReadyResponse(ready=ready)
 
         return await _guard(context, call)
+
+    async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return await _guard(context, lambda: self._repository.index(request, _metadata(context)))
+
+    async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return await _guard(context, lambda: self._repository.load(request, _metadata(context)))
+
+    async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return await _guard(context, lambda: self._repository.unload(request, _metadata(context)))
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         meta = self._dataplane.server_metadata()
@@ -86,6 +102,44 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
         return await _guard(context, call)
 
+    async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        """Triton's figures only: the message has no field for the gateway's hop (the HTTP answer and /metrics do)."""
+
+        async def call() -> Any:
+            self._dataplane.shaper.authenticate_metadata(_metadata(context)("x-api-key"))
+            version = parse_version(request.name, request.version)
+            report = await self._dataplane.statistics(request.name, version)
+            return service_pb2.ModelStatisticsResponse(model_stats=report.model_stats)
+
+        return await _guard(context, call)
+
+    async def SystemSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return await _guard(
+            context, lambda: shared_memory.system_status(self._dataplane.regions, self._tenant(context), request)
+        )
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return await _guard(
+            context, lambda: shared_memory.system_register(self._dataplane.regions, self._tenant(context), request)
+        )
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return await _guard(
+            context, lambda: shared_memory.system_unregister(self._dataplane.regions, self._tenant(context), request)
+        )
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return await _guard(context, lambda: shared_memory.cuda_status(request))
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return await _guard(context, lambda: shared_memory.cuda_register(request))
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return await _guard(context, lambda: shared_memory.cuda_unregister(request))
+
+    def _tenant(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+        return self._dataplane.shaper.authenticate(_metadata(context)("x-api-key"))
+
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         started = time.monotonic()
         dataplane = self._dataplane
@@ -95,7 +149,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         try:
             tenant = shaper.authenticate(lookup("x-api-key"))
             limits = await shaper.rate_limit(tenant, request.model_name)
-            decoded = decode_request(request)
+            decoded = decode_request(request, tensor_regions(dataplane.regions, tenant))
             decoded.tenant = tenant
             budget = shaper.deadlines.budget(decoded.timeout_s, None, context.time_remaining())
             if budget is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from fastapi import FastAPI, Request, Response
 from starlette.exceptions import HTTPException
@@ -24,6 +24,11 @@ def add_routes(app: FastAPI, endpoints: Endpoints) -> None:
         ("/v2", endpoints.server_metadata, "GET"),
         ("/v2/health/live", endpoints.live, "GET"),
         ("/v2/health/ready", endpoints.ready, "GET"),
+        # Before /v2/models/{model_name}, which it would match: as in Triton, it shadows a model named "stats" there
+        # (that model's statistics stay at /v2/models/stats/stats).
+        ("/v2/models/stats", endpoints.statistics, "GET"),
+        ("/v2/models/{model_name}/stats", endpoints.statistics, "GET"),
+        ("/v2/models/{model_name}/versions/{model_version}/stats", endpoints.statistics, "GET"),
         ("/v2/models/{model_name}", endpoints.model_metadata, "GET"),
         ("/v2/models/{model_name}/versions/{model_version}", endpoints.model_metadata, "GET"),
         ("/v2/models/{model_name}/ready", endpoints.model_ready, "GET"),
@@ -34,12 +39,17 @@ def add_routes(app: FastAPI, endpoints: Endpoints) -> None:
         ("/v2/models/{model_name}/versions/{model_version}/infer", endpoints.infer, "POST"),
         ("/metrics", endpoints.metrics, "GET"),
     ]
-    # Plain Starlette routes: no dependency injection or body models on the hot path, the codec parses.
-    for path, handler, method in routes:
-        app.router.routes.append(Route(path, _guarded(handler), methods=[method]))
+    add_v2_routes(app, routes)
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)
+
+
+def add_v2_routes(app: FastAPI, routes: Iterable[tuple[str, Handler, str]]) -> None:
+    """``(path, handler, method)`` routes that answer every failure in the v2 error shape (extensions use it too)."""
+    # Plain Starlette routes: no dependency injection or body models on the hot path, the codec parses.
+    for path, handler, method in routes:
+        app.router.routes.append(Route(path, _guarded(handler), methods=[method]))
 
 
 def _guarded(handler: Handler) -> Handler:

@@ -13,8 +13,10 @@ from typing import Any
 import numpy as np
 import orjson
 
+from services.gateway.bytes_tensors import BYTES, from_binary, has_json_form
 from services.gateway.datatypes import checked_shape, numpy_dtype, shaped
 from services.gateway.errors import InvalidInput
+from services.gateway.region_tensors import NO_REGIONS, RegionSlice, TensorRegions, names_region
 from services.gateway.rest.values import described, from_json, to_json
 from services.gateway.types import InferInput, InferRequest, InferResponse, as_bytes
 from services.gateway.versions import MAX_DIGITS, shown
@@ -37,19 +39,20 @@ class OutputFormat:
 
 
 def decode_request(
-    body: bytes, header_length: str | None, model: str, version: int | None
+    body: bytes, header_length: str | None, model: str, version: int | None, regions: TensorRegions = NO_REGIONS
 ) -> tuple[InferRequest, OutputFormat]:
+    """``regions``: the caller's shared-memory regions, which tensor parameters may name."""
     header, json_end = _header(body, header_length)
     offset = json_end
     inputs: list[InferInput] = []
     for raw in header["inputs"]:
-        tensor, offset = _decode_input(raw, body, offset)
+        tensor, offset = _decode_input(raw, body, offset, regions)
         inputs.append(tensor)
     if offset != len(body):
         raise InvalidInput(f"binary data has {len(body) - offset} bytes not claimed by any input's binary_data_size")
     params = _object(header.get("parameters", {}), "'parameters'")
     binary_default = _flag(params, "binary_data_output", "")
-    requested, fmt = _decode_outputs(header.get("outputs"), binary_default)
+    requested, fmt, targets = _decode_outputs(header.get("outputs"), binary_default, regions)
     request_id = header.get("id", "")
     if not isinstance(request_id, str):  # Triton's protocol has a string id; echoing a repr would invent one
         raise InvalidInput(f"'id' must be a string, got {described(request_id)}")
@@ -63,6 +66,7 @@ def decode_request(
         timeout_s=timeout / 1e6 if timeout else None,
         priority=_natural(params, "priority", "") or 0,
         parameters=params,
+        output_regions=targets,
     )
     return request, fmt
 
@@ -77,7 +81,9 @@ def encode_response(response: InferResponse, fmt: OutputFormat) -> tuple[bytes, 
             "datatype": output.datatype,
             "shape": list(output.shape),
         }
-        if fmt.is_binary(output.name):
+        if output.region is not None:  # written into the client's shared memory: named there, not sent
+            entry["parameters"] = output.region.parameters()
+        elif fmt.is_binary(output.name) or not has_json_form(output.data):  # Triton would write invalid JSON
             data = as_bytes(output.data)
             entry["parameters"] = {"binary_data_size": data.nbytes}
             buffers.append(data)
@@ -118,7 +124,7 @@ def _header(body: bytes, header_length: str | None) -> tuple[dict[str, Any], int
     return header, json_end
 
 
-def _decode_input(raw: object, body: bytes, offset: int) -> tuple[InferInput, int]:
+def _decode_input(raw: object, body: bytes, offset: int, regions: TensorRegions) -> tuple[InferInput, int]:
     item = _object(raw, "each entry of 'inputs'")
     name = item.get("name")
     if not isinstance(name, str):
@@ -136,6 +142,9 @@ def _decode_input(raw: object, body: bytes, offset: int) -> tuple[InferInput, in
     shape = checked_shape(raw_shape, name)
     dtype = numpy_dtype(datatype, name)
     params = _object(item.get("parameters", {}), f"input '{name}': 'parameters'")
+    if names_region(params):
+        has_data = "data" in item or "binary_data_size" in params
+        return regions.input(name, datatype, shape, params, has_data=has_data), offset
     if "binary_data_size" not in params:
         if "data" not in item:
             raise InvalidInput(f"input '{name}': needs 'data' or a binary_data_size parameter")
@@ -143,6 +152,8 @@ def _decode_input(raw: object, body: bytes, offset: int) -> tuple[InferInput, in
     size = params["binary_data_size"]
     if type(size) is not int:
         raise InvalidInput(f"input '{name}': binary_data_size must be an integer, got {described(size)}")
+    if datatype == BYTES:  # variable-length elements: the size is what their serialized form takes
+        return InferInput(name, datatype, shape, from_binary(body, offset, size, shape, name)), offset + size
     count = math.prod(shape)
     expected = count * dtype.itemsize
     if size != expected:
@@ -155,9 +166,13 @@ def _decode_input(raw: object, body: bytes, offset: int) -> tuple[InferInput, in
     return InferInput(name, datatype, shape, shaped(data, shape, name)), offset + size
 
 
-def _decode_outputs(raw: object, binary_default: bool) -> tuple[tuple[str, ...] | None, OutputFormat]:
+def _decode_outputs(
+    raw: object, binary_default: bool, regions: TensorRegions
+) -> tuple[tuple[str, ...] | None, OutputFormat, dict[str, RegionSlice]]:
+    """Requested names, their format, and the outputs to write into shared memory."""
+    targets: dict[str, RegionSlice] = {}
     if raw is None:
-        return None, OutputFormat(binary_default)
+        return None, OutputFormat(binary_default), targets
     if not isinstance(raw, list):
         raise InvalidInput(f"'outputs' must be a list, got {described(raw)}")
     names: list[str] = []
@@ -171,7 +186,10 @@ def _decode_outputs(raw: object, binary_default: bool) -> tuple[tuple[str, ...] 
         params = _object(item.get("parameters", {}), f"output '{name}': 'parameters'")
         if "binary_data" in params:
             binary[name] = _flag(params, "binary_data", f"output '{name}': ")
-    return tuple(names), OutputFormat(binary_default, binary)
+        target = regions.output(name, params)
+        if target is not None:
+            targets[name] = target
+    return tuple(names), OutputFormat(binary_default, binary), targets
 
 
 def _flag(params: dict[str, Any], key: str, where: str) -> bool:

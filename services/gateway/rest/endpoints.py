@@ -13,8 +13,10 @@ from starlette.responses import Response
 
 from services.gateway.dataplane import DataPlane
 from services.gateway.errors import GatewayError
+from services.gateway.region_tensors import tensor_regions
 from services.gateway.rest.body import check_length, read_body
 from services.gateway.rest.codec import HEADER_LENGTH, decode_request, encode_response
+from services.gateway.rest.messages import message_json
 from services.gateway.rest.responses import JSONBytesResponse, error_response, gateway_error_response
 from services.gateway.shaping.keys import ANONYMOUS
 from services.gateway.types import ModelMetadata
@@ -57,6 +59,16 @@ class Endpoints:
         config = await self._dataplane.model_config(*_target(request))
         return JSONBytesResponse(json_format.MessageToDict(config, preserving_proto_field_name=True))
 
+    async def statistics(self, request: Request) -> Response:
+        """Triton's ``model_stats``, and the gateway's own hop per version under ``gateway_stats`` (a key Triton does
+        not send: tritonclient returns the JSON as it is, and the gRPC message has no room for it)."""
+        self._dataplane.shaper.authenticate_metadata(request.headers.get("x-api-key"))
+        model: str = request.path_params.get("model_name", "")  # absent on /v2/models/stats: every model
+        raw: str | None = request.path_params.get("model_version")
+        report = await self._dataplane.statistics(model, None if raw is None else parse_version(raw))
+        model_stats = [message_json(stats) for stats in report.model_stats]
+        return JSONBytesResponse({"model_stats": model_stats, "gateway_stats": report.gateway_stats})
+
     async def infer(self, request: Request) -> Response:
         """Never raises: every failure becomes its answer here, so that no exception reaches the server (which
         would drop the keep-alive connection) and every answer is counted."""
@@ -72,7 +84,8 @@ class Endpoints:
             tenant = shaper.authenticate(headers.get("x-api-key"))
             limits = await shaper.rate_limit(tenant, model_name)
             body = await read_body(request, self._max_body)
-            infer_request, fmt = decode_request(body, headers.get(HEADER_LENGTH), model_name, version)
+            regions = tensor_regions(self._dataplane.regions, tenant)
+            infer_request, fmt = decode_request(body, headers.get(HEADER_LENGTH), model_name, version, regions)
             infer_request.tenant = tenant
             budget = shaper.deadlines.budget(infer_request.timeout_s, headers.get("x-request-timeout"), None)
             if budget is not None:

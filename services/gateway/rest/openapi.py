@@ -19,6 +19,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from services.gateway.rest import schemas
+from services.gateway.rest.repository_routes import repository_paths
+from services.gateway.rest.shared_memory import shared_memory_paths
+from services.gateway.rest.statistics_schemas import RESPONSE_MODELS as STATISTICS_MODELS
+from services.gateway.rest.statistics_schemas import statistics_paths
 
 __all__ = ["DOCS_PATH", "build_document", "install_openapi"]
 
@@ -87,7 +91,7 @@ class _NoNullDefaults(GenerateJsonSchema):
 
 
 def _schemas() -> Json:
-    models: list[type[BaseModel]] = [*schemas.REQUEST_MODELS, *schemas.RESPONSE_MODELS]
+    models: list[type[BaseModel]] = [*schemas.REQUEST_MODELS, *schemas.RESPONSE_MODELS, *STATISTICS_MODELS]
     _, definitions = models_json_schema(
         [(model, "validation") for model in models], ref_template=_REF, schema_generator=_NoNullDefaults
     )
@@ -293,5 +297,6 @@ def _admin_paths() -> Json:
 
 
 def paths() -> Json:
-    """Every route ``rest.add_routes`` and ``admin.add_admin_routes`` serve, by path and method."""
-    return {**_v2_paths(), **_admin_paths()}
+    """Every route ``rest.add_routes``, ``admin.add_admin_routes`` and ``add_repository_routes`` serve, by path and
+    method."""
+    return {**_v2_paths(), **_admin_paths(), **repository_paths(), **statistics_paths(), **shared_memory_paths()}

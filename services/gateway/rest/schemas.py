@@ -9,9 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 from pydantic.json_schema import SkipJsonSchema
 
 Datatype = Literal[
-    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64"
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES"
 ]
-"""The v2 datatypes the gateway decodes (``BYTES`` is not served)."""
+"""The v2 datatypes the gateway decodes."""
 
 Count = Annotated[int, Field(ge=0)]
 Dim = Annotated[int, Field(ge=-1)]
@@ -20,7 +20,8 @@ Version = Annotated[str, Field(pattern=r"^[0-9]{1,18}$")]
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
 """JSON has no literals for these: float tensors spell them as strings (as the proto3 JSON mapping does)."""
 # Nested lists are how most clients send a tensor (numpy ``tolist()``); flat row-major lists are accepted too.
-TensorData = list[float | bool | NonFinite | list[Any]]
+# Strings are BYTES elements (their UTF-8 bytes), or a float tensor's NonFinite spellings.
+TensorData = list[float | bool | NonFinite | str | list[Any]]
 
 
 class _Open(BaseModel):

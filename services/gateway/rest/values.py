@@ -5,7 +5,8 @@ JSON has no literals for NaN and the infinities. As in the proto3 JSON mapping, 
 (``numpy.array(["NaN", 1.0], dtype=np.float32)`` reads them, so ``tritonclient.http``'s ``as_numpy`` does).
 Every other check is strict where numpy would coerce silently: no bools outside BOOL tensors and no numbers in
 them, no floats in integer tensors (not even 1.0: the rule is the JSON type, as numpy would truncate 1.5), no number
-outside its datatype's range (FP32 1e39 is refused, not made inf), no strings besides the three above."""
+outside its datatype's range (FP32 1e39 is refused, not made inf), no strings besides the three above. BYTES data
+are strings and nothing else (their UTF-8 bytes are the elements)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from services.gateway.bytes_tensors import OBJECT, from_strings, text
 from services.gateway.datatypes import check_range, narrow, shaped
 from services.gateway.errors import InvalidInput
 from services.gateway.types import Array
@@ -26,6 +28,7 @@ SHOWN = 40
 _NUMBERS = frozenset({float, int})
 _INTEGERS = frozenset({int})
 _BOOLS = frozenset({bool})
+_STRINGS = frozenset({str})
 _FLOAT_WORDS = 'numbers (or "NaN", "Infinity", "-Infinity")'
 
 
@@ -41,7 +44,13 @@ def from_json(data: object, shape: tuple[int, ...], dtype: np.dtype[Any], dataty
 
 def to_json(array: Array) -> Array | list[Any]:
     """orjson writes C-contiguous numeric arrays natively (fast); it does not know float16, and writes non-finite
-    floats as null, so those go through lists."""
+    floats as null, so those go through lists. BYTES become strings: the caller sends those that are not UTF-8 as
+    binary data instead (``bytes_tensors.text`` says which)."""
+    if array.dtype == OBJECT:
+        strings = text(array)
+        if strings is None:
+            raise ValueError("BYTES that are not UTF-8 have no JSON form")
+        return strings
     flat = np.ascontiguousarray(array).reshape(-1)
     if flat.dtype.kind == "f" and np.count_nonzero(np.isfinite(flat)) != flat.size:
         values: list[Any] = flat.tolist()
@@ -82,6 +91,9 @@ def _flat(data: object, tensor: str) -> tuple[list[Any], set[type]]:
 
 
 def _converted(values: list[Any], kinds: set[type], dtype: np.dtype[Any], datatype: str, tensor: str) -> Array:
+    if dtype == OBJECT:  # BYTES: strings only (Triton reads nothing else); bytes that are not text go binary
+        _check_kinds(values, kinds, _STRINGS, "strings", datatype, tensor)
+        return from_strings(values)
     if dtype.kind == "f":
         if not kinds <= _NUMBERS:
             values = [NON_FINITE.get(v, v) if type(v) is str else v for v in values]

@@ -31,6 +31,9 @@ class RoutingRecord:
     loaded: tuple[int, ...] = ()
     """The versions the gateways keep loaded (empty: not recorded). Replicas converge on it: on a shared Triton it
     is the set every replica wants, so that none loads back what another unloaded."""
+    unloaded: bool = False
+    """Every version was unloaded through the repository API: unversioned requests get 404 until a load or an
+    activation routes the model again (``stable`` is kept: the version a rollback or the audit log refers to)."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -49,7 +52,7 @@ class RoutingRecord:
             canary = None if canary.version == version else replace(canary, since=now_iso())
         if shadow is not None and shadow.version == version:
             shadow = None
-        return self.but(stable=version, previous=self.stable, canary=canary, shadow=shadow)
+        return self.but(stable=version, previous=self.stable, canary=canary, shadow=shadow, unloaded=False)
 
     @classmethod
     def from_json(cls, data: object) -> RoutingRecord:
@@ -71,7 +74,10 @@ class RoutingRecord:
         loaded = data.get("loaded", [])
         if not isinstance(loaded, list) or not all(_version(v) for v in loaded):
             raise ValueError(f"'loaded' must be a list of non-negative integers, got {loaded!r}")
-        return cls(stable, previous, generation, updated_at, canary, shadow, tuple(sorted(set(loaded))))
+        unloaded = data.get("unloaded", False)
+        if not isinstance(unloaded, bool):
+            raise ValueError(f"'unloaded' must be true or false, got {unloaded!r}")
+        return cls(stable, previous, generation, updated_at, canary, shadow, tuple(sorted(set(loaded))), unloaded)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Collection, Mapping
 
-from tritonclient.grpc import model_config_pb2
+from tritonclient.grpc import model_config_pb2, service_pb2
 
 from services.gateway import repository
 from services.gateway.backends.base import describe_problem
@@ -23,6 +24,8 @@ from services.gateway.backends.triton.channels import TritonChannels, open_chann
 from services.gateway.backends.triton.configs import ConfigTransform, identity, warn_if_single_instance
 from services.gateway.backends.triton.errors import TritonErrors
 from services.gateway.backends.triton.health import TritonHealth
+from services.gateway.backends.triton.shared_memory import TritonSharedMemory
+from services.gateway.backends.triton.statistics import read_statistics
 from services.gateway.errors import BackendUnavailable, GatewayError, ModelNotFound
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import Settings
@@ -59,6 +62,10 @@ class TritonBackend(TritonHealth):
         self._probe: asyncio.Task[None] | None = None
         self._live = False
         self._calls = TritonCalls(self._breaker, self._errors, settings, metrics)
+        self.shared_memory: TritonSharedMemory | None = None
+        """Registers the clients' shared-memory regions in Triton too, when it shares the host's /dev/shm."""
+        if settings.triton_shared_memory:
+            self.shared_memory = TritonSharedMemory(settings, lambda: self._channels and self._channels.client)
         self._configs: dict[str, model_config_pb2.ModelConfig] = {}
         self._metadata: dict[tuple[str, int], ModelMetadata] = {}
         self._wanted: dict[str, set[int]] = {}
@@ -225,7 +232,19 @@ class TritonBackend(TritonHealth):
     async def infer(
         self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
     ) -> InferResponse:
-        return await self._calls.infer(request, version=version, timeout_s=timeout_s, priority=priority)
+        if self.shared_memory is None:
+            return await self._calls.infer(request, version=version, timeout_s=timeout_s, priority=priority)
+        call = functools.partial(self._calls.infer, version=version, timeout_s=timeout_s, priority=priority)
+        return await self.shared_memory.infer(call, request)
+
+    async def statistics(self, model: str | None, version: int | None) -> list[service_pb2.ModelStatistics]:
+        """Triton's own figures, as Triton counts them (warm-up and shadow requests included)."""
+        if self._channels is None:
+            raise self._errors.unavailable(f"Triton at {self._settings.triton_url} is not connected", public=True)
+        timeout = self._settings.triton_control_timeout_s
+        found = await read_statistics(self._channels.client, self._errors, model, version, timeout)
+        known = self._catalog.entries  # a shared Triton may serve models this gateway's repository does not have
+        return [stats for stats in found if stats.name in known]
 
     def _update_states(self, index: RepositoryIndex) -> None:
         for model, wanted in self._wanted.items():

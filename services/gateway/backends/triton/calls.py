@@ -41,7 +41,8 @@ class TritonCalls:
         if self._inflight >= self._settings.triton_max_inflight:
             breaker.release()
             raise Overloaded(f"{self._inflight} requests are already in flight to Triton")
-        message = infer_request(request, version, timeout_s, priority)
+        forward = self._settings.triton_shared_memory
+        message = infer_request(request, version, timeout_s, priority, forward=forward)
         self._inflight += 1
         started = time.monotonic()
         try:
@@ -69,4 +70,4 @@ class TritonCalls:
         breaker.record_success()
         if self._metrics is not None:
             self._metrics.backend_time(request.model, str(version)).observe(time.monotonic() - started)
-        return infer_response(reply, request, version)
+        return infer_response(reply, request, version, forward=forward)

@@ -1,24 +1,33 @@
-"""Gateway requests and responses <-> Triton's gRPC ``ModelInfer`` messages (raw tensor bytes both ways)."""
+"""Gateway requests and responses <-> Triton's gRPC ``ModelInfer`` messages (raw tensor bytes both ways; BYTES
+tensors in Triton's serialized form, kept as they came for the gRPC front end)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 from tritonclient.grpc import service_pb2
 
+from services.gateway.backends.triton.shared_memory import forward_input, forward_outputs, forwarded_output
+from services.gateway.bytes_tensors import OBJECT, deserialize
 from services.gateway.datatypes import numpy_dtype
 from services.gateway.errors import InferenceFailed, InvalidInput
-from services.gateway.types import InferOutput, InferRequest, InferResponse
+from services.gateway.types import Array, InferOutput, InferRequest, InferResponse, raw_bytes
 
 
 def infer_request(
-    request: InferRequest, version: int, timeout_s: float | None, priority: int
+    request: InferRequest, version: int, timeout_s: float | None, priority: int, *, forward: bool = False
 ) -> service_pb2.ModelInferRequest:
     """The v2 request Triton receives: every tensor as raw bytes, the version pinned, the deadline budget as
-    Triton's queue ``timeout`` (microseconds; the model's queue policy must allow_timeout_override)."""
+    Triton's queue ``timeout`` (microseconds; the model's queue policy must allow_timeout_override). ``forward``:
+    tensors in the client's shared memory are named by region instead (Triton maps the same regions)."""
     message = service_pb2.ModelInferRequest(model_name=request.model, model_version=str(version), id=request.id)
     for tensor in request.inputs:
-        message.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-        message.raw_input_contents.append(tensor.data.tobytes())
+        entry = message.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        if not (forward and forward_input(entry, tensor)):
+            message.raw_input_contents.append(raw_bytes(tensor.data))
+    if forward:
+        forward_outputs(message, request)
     if priority:
         message.parameters["priority"].uint64_param = priority
     if timeout_s is not None:
@@ -26,8 +35,11 @@ def infer_request(
     return message
 
 
-def infer_response(reply: service_pb2.ModelInferResponse, request: InferRequest, version: int) -> InferResponse:
-    """Triton's outputs as arrays over its raw bytes (no copy); ``raw`` keeps the bytes for the gRPC front end."""
+def infer_response(
+    reply: service_pb2.ModelInferResponse, request: InferRequest, version: int, *, forward: bool = False
+) -> InferResponse:
+    """Triton's outputs as arrays over its raw bytes (no copy); ``raw`` keeps the bytes for the gRPC front end.
+    ``forward``: outputs bound for shared memory are there already, Triton wrote them."""
     if len(reply.raw_output_contents) != len(reply.outputs):
         raise InferenceFailed(f"Triton answered model '{request.model}' without raw output contents")
     outputs = []
@@ -39,5 +51,21 @@ def infer_response(reply: service_pb2.ModelInferResponse, request: InferRequest,
             raise InferenceFailed(
                 f"model '{request.model}' returned output '{name}' as {datatype}, which the gateway does not serve"
             ) from None
-        outputs.append(InferOutput(name, datatype, np.frombuffer(raw, dtype=dtype).reshape(tensor.shape), raw=raw))
+        written = forwarded_output(request, name, datatype, tuple(tensor.shape)) if forward else None
+        if written is not None:
+            outputs.append(written)
+            continue
+        data = _array(raw, dtype, tuple(tensor.shape), request.model, name)
+        outputs.append(InferOutput(name, datatype, data, raw=raw))
     return InferResponse(model=request.model, version=version, id=request.id, outputs=outputs)
+
+
+def _array(raw: bytes, dtype: np.dtype[Any], shape: tuple[int, ...], model: str, name: str) -> Array:
+    """An output's values over Triton's bytes (numbers without a copy); strings that do not add up to the shape are
+    the model's fault, not the client's."""
+    if dtype != OBJECT:
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+    try:
+        return deserialize(raw, shape, name, kind="output")
+    except InvalidInput as exc:
+        raise InferenceFailed(f"model '{model}' answered with malformed BYTES: {exc}") from None

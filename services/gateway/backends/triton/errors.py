@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from services.gateway.backends.circuit import CircuitBreaker
+from services.gateway.backends.triton.shared_memory import refused
 from services.gateway.errors import (
     BackendUnavailable,
     DeadlineExceeded,
@@ -28,6 +29,10 @@ class TritonErrors:
     def infer_error(self, code: str, message: str, model: str, version: int, timeout_s: float | None) -> GatewayError:
         """``code`` is the gRPC status name (``UNAVAILABLE``), ``message`` what Triton or gRPC said."""
         target = f"model '{model}' version {version}"
+        shared_memory = refused(message, target)  # the request's regions: neither the model's nor Triton's health
+        if shared_memory is not None:
+            self.breaker.record_success()
+            return shared_memory
         if code == "DEADLINE_EXCEEDED" or "timeout expired" in message.lower():
             self.breaker.release()
             budget = "its deadline" if timeout_s is None else f"its {timeout_s * 1e3:.1f} ms deadline"

@@ -1,0 +1,31 @@
+"""Who may call the repository API: the admin token's holders (the admin API's check), or anyone when the
+gateway runs with ``SWITCHYARD_REPOSITORY_API_OPEN=true``."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from services.gateway.admin.auth import AdminAuth
+from services.gateway.errors import Forbidden, Unauthorized
+
+ACTOR = "repository-api"
+"""The audit log's actor of a repository call (followed by the token's fingerprint when one was checked)."""
+_CHALLENGE = MappingProxyType({"WWW-Authenticate": 'Bearer realm="switchyard-repository"'})
+
+
+class RepositoryAuth:
+    def __init__(self, admin: AdminAuth, *, open_api: bool) -> None:
+        self._admin = admin
+        self._open = open_api
+
+    def check(self, authorization: str | None) -> str:
+        """The actor for the audit log, from the ``Authorization`` header (HTTP) or ``authorization`` metadata (gRPC);
+        ``Unauthorized`` (401) without a bearer token, ``Forbidden`` (403) with a wrong one or none configured."""
+        if self._open:
+            return ACTOR
+        if not self._admin.enabled:
+            raise Forbidden("the repository API needs SWITCHYARD_ADMIN_TOKEN or SWITCHYARD_REPOSITORY_API_OPEN=true")
+        try:
+            return f"{ACTOR} ({self._admin.verify(authorization, 'the repository API')})"
+        except Unauthorized as exc:
+            raise Unauthorized(str(exc), headers=_CHALLENGE) from None

@@ -1,0 +1,84 @@
+"""The repository index: every model of the repository with each version on disk or loaded, in Triton's states
+(``READY``, ``LOADING``, ``UNLOADING``, ``UNAVAILABLE``) and with the reason the gateway knows for the state."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from services.gateway.routing import UNLOADED
+from services.gateway.types import VersionState
+
+if TYPE_CHECKING:
+    from services.gateway.manager import VersionManager
+
+READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
+_LOAD_STEPS = ("load", "warmup")
+_UNLOAD_STEPS = ("drain", "unload")
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    name: str
+    version: str
+    """Empty for a model without any version folder (Triton leaves ``version`` out then)."""
+    state: str
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """Triton's HTTP shape: ``version`` and ``reason`` only when they say something."""
+        found: dict[str, Any] = {"name": self.name}
+        if self.version:
+            found["version"] = self.version
+        found["state"] = self.state
+        if self.reason:
+            found["reason"] = self.reason
+        return found
+
+
+def repository_index(
+    manager: VersionManager, unloading: Mapping[str, Set[int]], *, ready_only: bool
+) -> list[IndexEntry]:
+    """``unloading``: the versions a repository unload (or a load that drops them) is draining or unloading now."""
+    found: list[IndexEntry] = []
+    every = manager.backend.models()
+    for name in sorted(manager.catalog.entries):
+        entry = manager.catalog.entries[name]
+        states = every.get(name, {})
+        versions = sorted(set(entry.available) | set(states))
+        if not versions:
+            reason = manager.router.problem(name) or f"no version folder in the repository's '{name}' folder"
+            found.append(IndexEntry(name, "", UNAVAILABLE, reason))
+            continue
+        leaving = _leaving(manager, name, unloading)
+        for version in versions:
+            state, reason = _state(manager, name, version, states.get(version), leaving)
+            found.append(IndexEntry(name, str(version), state, reason))
+    return [entry for entry in found if entry.state == READY] if ready_only else found
+
+
+def _state(
+    manager: VersionManager, model: str, version: int, state: VersionState | None, leaving: Set[int]
+) -> tuple[str, str]:
+    running = manager.progress.get(model)
+    arriving = running is not None and running.version == version and running.step in _LOAD_STEPS
+    if state is VersionState.READY:
+        if version in leaving:
+            return UNLOADING, ""
+        return (LOADING, "warming up") if arriving else (READY, "")
+    if state is VersionState.LOADING or arriving:
+        return LOADING, ""
+    record = manager.router.record(model)
+    problem = manager.router.problem(model, version)
+    if problem is None and record is not None and record.unloaded:
+        problem = UNLOADED
+    return UNAVAILABLE, problem or "not loaded"
+
+
+def _leaving(manager: VersionManager, model: str, unloading: Mapping[str, Set[int]]) -> Set[int]:
+    """Versions on their way out: a repository action's, or the one an admin unload is draining."""
+    running = manager.progress.get(model)
+    if running is not None and running.action == "unload" and running.step in _UNLOAD_STEPS:
+        return {*unloading.get(model, ()), *(() if running.version is None else (running.version,))}
+    return unloading.get(model, set())

@@ -1,0 +1,214 @@
+"""Inference statistics per model version (the statistics extension): the embedded backend's counters in Triton's
+``ModelStatistics`` shape, and the gateway's own time around any backend (its "hop"), kept apart from them.
+
+Plain counters updated on the event loop, as Triton's ``InferenceStatsAggregator`` counts: per successful request
+its rows (``inference_count``), its whole time (``success``) and its share of queue and compute time; per executed
+batch ``execution_count``, ``last_inference`` and one ``batch_stats`` entry per batch size.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tritonclient.grpc import service_pb2
+
+from services.gateway.backends.base import Backend
+from services.gateway.batcher import ExecutedBatch
+from services.gateway.errors import ModelNotFound
+from services.gateway.repository import Catalog
+from services.gateway.types import VersionState
+
+
+def nanoseconds(seconds: float) -> int:
+    return int(seconds * 1e9)
+
+
+class Duration:
+    """A count and a cumulative duration in nanoseconds: Triton's ``StatisticDuration``."""
+
+    __slots__ = ("count", "ns")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.ns = 0
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.ns += nanoseconds(seconds)
+
+    def json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+class _BatchSize:
+    """``batch_stats`` of one batch size: executions and their compute time, in nanoseconds."""
+
+    __slots__ = ("count", "input_ns", "infer_ns", "output_ns")
+
+    def __init__(self) -> None:
+        self.count = self.input_ns = self.infer_ns = self.output_ns = 0
+
+
+class VersionStatistics:
+    """The counters of one loaded version of the embedded backend; they go away with the version, as in Triton."""
+
+    __slots__ = (
+        "last_inference_ms", "inference_count", "execution_count", "success", "fail",
+        "queue_ns", "input_ns", "infer_ns", "output_ns", "batch_sizes",
+    )
+
+    def __init__(self) -> None:
+        self.last_inference_ms = self.inference_count = self.execution_count = 0
+        self.success, self.fail = Duration(), Duration()
+        # Triton reports queue and compute with the success count: only their nanoseconds are kept.
+        self.queue_ns = self.input_ns = self.infer_ns = self.output_ns = 0
+        self.batch_sizes: dict[int, _BatchSize] = {}
+
+    def executed(self, batch: ExecutedBatch) -> None:
+        """Each request of the batch waited its own queue time and shares the batch's whole compute time. A request
+        whose caller gave up while the batch ran (its deadline) still adds its share here, as it is counted a fail."""
+        requests = len(batch.waits)
+        input_ns = nanoseconds(batch.merge_s)
+        infer_ns = nanoseconds(batch.execute_s)
+        output_ns = nanoseconds(batch.split_s)
+        self.last_inference_ms = time.time_ns() // 1_000_000
+        self.execution_count += 1
+        self.queue_ns += nanoseconds(sum(batch.waits))
+        self.input_ns += input_ns * requests
+        self.infer_ns += infer_ns * requests
+        self.output_ns += output_ns * requests
+        size = self.batch_sizes.get(batch.rows)
+        if size is None:
+            size = self.batch_sizes[batch.rows] = _BatchSize()
+        size.count += 1
+        size.input_ns += input_ns
+        size.infer_ns += infer_ns
+        size.output_ns += output_ns
+
+    def succeeded(self, rows: int, seconds: float) -> None:
+        self.inference_count += rows
+        self.success.add(seconds)
+
+    def failed(self, seconds: float) -> None:
+        self.fail.add(seconds)
+
+    def message(self, model: str, version: int) -> service_pb2.ModelStatistics:
+        """Triton's message, every duration present (as Triton's own answers have them)."""
+        count = self.success.count
+        stats = service_pb2.ModelStatistics(
+            name=model,
+            version=str(version),
+            last_inference=self.last_inference_ms,
+            inference_count=self.inference_count,
+            execution_count=self.execution_count,
+            inference_stats=service_pb2.InferStatistics(
+                success=_duration(count, self.success.ns),
+                fail=_duration(self.fail.count, self.fail.ns),
+                queue=_duration(count, self.queue_ns),
+                compute_input=_duration(count, self.input_ns),
+                compute_infer=_duration(count, self.infer_ns),
+                compute_output=_duration(count, self.output_ns),
+                cache_hit=_duration(0, 0),  # the gateway has no response cache
+                cache_miss=_duration(0, 0),
+            ),
+        )
+        for rows in sorted(self.batch_sizes):
+            size = self.batch_sizes[rows]
+            stats.batch_stats.add(
+                batch_size=rows,
+                compute_input=_duration(size.count, size.input_ns),
+                compute_infer=_duration(size.count, size.infer_ns),
+                compute_output=_duration(size.count, size.output_ns),
+            )
+        return stats
+
+
+def _duration(count: int, ns: int) -> service_pb2.StatisticDuration:
+    return service_pb2.StatisticDuration(count=count, ns=ns)
+
+
+class _Hop:
+    __slots__ = ("success", "fail", "backend")
+
+    def __init__(self) -> None:
+        self.success, self.fail, self.backend = Duration(), Duration(), Duration()
+
+
+class Hops:
+    """The gateway's own view of each version, whatever the backend: requests it answered (``success``, ``fail``:
+    from routing to the answer), the time its successful ones waited on the backend (``backend``: Triton's round
+    trip, or the embedded batcher), and the difference, the gateway's hop. Never mixed into the backend's figures:
+    on the Triton backend those are Triton's, measured inside Triton."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, dict[int, _Hop]] = {}
+
+    def _entry(self, model: str, version: int) -> _Hop:
+        # Only routed requests land here: the models and versions are ones the repository knows.
+        versions = self._models.get(model)
+        if versions is None:
+            versions = self._models[model] = {}
+        hop = versions.get(version)
+        if hop is None:
+            hop = versions[version] = _Hop()
+        return hop
+
+    def backend(self, model: str, version: int, seconds: float) -> None:
+        self._entry(model, version).backend.add(seconds)
+
+    def served(self, model: str, version: int, seconds: float) -> None:
+        self._entry(model, version).success.add(seconds)
+
+    def failed(self, model: str, version: int, seconds: float) -> None:
+        self._entry(model, version).fail.add(seconds)
+
+    def prune(self, loaded: Mapping[str, Mapping[int, VersionState]]) -> None:
+        """Forget the versions no longer loaded: their figures go away with them, like the backend's."""
+        for model, versions in self._models.items():
+            for version in [v for v in versions if v not in loaded.get(model, {})]:
+                del versions[version]
+
+    def json(self, model: str, version: int) -> dict[str, Any]:
+        hop = self._models.get(model, {}).get(version) or _Hop()
+        success, backend = hop.success, hop.backend
+        return {
+            "name": model,
+            "version": str(version),
+            "success": success.json(),
+            "fail": hop.fail.json(),
+            "backend": backend.json(),
+            "hop": {"count": success.count, "ns": max(success.ns - backend.ns, 0)},
+        }
+
+
+@dataclass(frozen=True)
+class StatisticsReport:
+    model_stats: list[service_pb2.ModelStatistics]
+    """The backend's figures in Triton's message: the embedded backend's own, or Triton's."""
+    gateway_stats: list[dict[str, Any]]
+    """The gateway's hop (``Hops.json``) of the same versions, in the same order."""
+
+
+async def gather(catalog: Catalog, backend: Backend, hops: Hops, model: str, version: int | None) -> StatisticsReport:
+    """Every ready version of every model (``model`` empty: as in Triton), of ``model``, or one ``version`` of it;
+    404 for a model the repository does not have, or one with no ready version (Triton: 400, "not available")."""
+    loaded = backend.models()
+    hops.prune(loaded)
+    if model:
+        catalog.entry(model)
+        ready = sorted(v for v, state in loaded.get(model, {}).items() if state is VersionState.READY)
+        if version is not None and version not in ready:
+            listed = ", ".join(str(v) for v in ready) or "none"
+            raise ModelNotFound(f"model '{model}' has no version {version} ready (ready: {listed})")
+        if not ready:
+            raise ModelNotFound(f"model '{model}' has no ready version, so no statistics")
+    found = await backend.statistics(model or None, version if model else None)
+    return StatisticsReport(found, [hops.json(stats.name, _number(stats.version)) for stats in found])
+
+
+def _number(version: str) -> int:
+    """A version as the backend spelled it (Triton: decimal digits); 0, which no version is, for anything else."""
+    return int(version) if version.isascii() and version.isdigit() else 0
