@@ -5,9 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 SY := $(BIN)/switchyard
 REPO ?= model_repository
-PACKAGES := exporter services examples
+PACKAGES := exporter services examples loadtests
 
-.PHONY: install triton-install triton models zoo serve test lint typecheck pytest bench clean-models
+.PHONY: install triton-install triton models zoo serve test lint typecheck pytest bench loadtest clean-models
 
 install: $(VENV)/.installed triton-install
 
@@ -54,6 +54,25 @@ bench: install
 	@if [ -z "$$(ls -d $(REPO)/*/ 2>/dev/null)" ]; then $(MAKE) --no-print-directory models; fi
 	$(BIN)/python loadtests/bench.py --repository $(REPO)
 	$(BIN)/python loadtests/bench_triton.py --repository $(REPO)
+
+# Headless locust (loadtests/locustfile.py) against a running gateway: HTTP JSON + binary, gRPC (GRPC_TARGET, default
+# URL's host at port 8001) and the ops user switching versions (needs SWITCHYARD_ADMIN_TOKEN in the environment).
+# The SLO gates set the exit code; CSV and HTML reports go to loadtests/results/.
+URL ?= http://127.0.0.1:8000
+GRPC_TARGET ?=
+DURATION ?= 60s
+USERS ?= 16
+SPAWN_RATE ?= 4
+MODEL ?= mlp
+OPS_INTERVAL ?= 10
+SLO_ERROR_RATIO ?= 0.001
+SLO_P99_MS ?= infer-json=100,infer-binary=100,grpc-infer=100
+LOCUST_ARGS ?=
+loadtest: install
+	LOCUST_GRPC_TARGET='$(GRPC_TARGET)' $(BIN)/locust -f loadtests/locustfile.py --headless --host '$(URL)' \
+		--users $(USERS) --spawn-rate $(SPAWN_RATE) --run-time $(DURATION) --model '$(MODEL)' \
+		--ops-interval $(OPS_INTERVAL) --slo-error-ratio $(SLO_ERROR_RATIO) --slo-p99-ms '$(SLO_P99_MS)' \
+		--csv loadtests/results/locust --html loadtests/results/locust.html $(LOCUST_ARGS)
 
 clean-models:
 	rm -rf $(REPO)/classifier $(REPO)/mlp

@@ -21,6 +21,7 @@ import tritonclient.grpc as grpcclient
 
 from services.gateway.testing import onnx_reference
 from services.tritonlocal import free_port
+from tests.deploy.dockerfile import base_install_command
 from tests.import_probe import ROOT
 
 BUILD_TIME = {"torch", "onnx", "onnxscript", "onnxruntime-gpu", "matplotlib", "pytest"}
@@ -37,8 +38,9 @@ def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if (ROOT / name).is_file():
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, source / name)
+    # The gateway image's own install command (Dockerfile), so what this module asserts holds for the image too.
     install = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(source)],
+        [str(venv / "bin" / "python"), *base_install_command(str(source))],
         capture_output=True,
         text=True,
         timeout=900,

@@ -1,0 +1,75 @@
+"""SLO gates evaluated when locust quits: the error ratio over every request, and the p99 of named stats entries.
+They decide the exit code (1 when a gate fails, else 0, whatever ``--exit-code-on-error`` says), and each gate
+logs its measured figure against the allowed one."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from load_options import LoadOptions
+from locust.env import Environment
+from locust.runners import WorkerRunner
+from locust.stats import RequestStats, StatsEntry
+
+log = logging.getLogger(__name__)
+ALL = "all"
+"""The p99 gate's name for every request together (locust's Aggregated row)."""
+
+
+def evaluate(
+    stats: RequestStats, max_error_ratio: float | None, p99_ms: dict[str, float]
+) -> tuple[list[str], list[str]]:
+    """(breaches, passes): one line per gate."""
+    breaches: list[str] = []
+    passes: list[str] = []
+    total = stats.total
+    if max_error_ratio is not None:
+        line = (
+            f"error ratio {total.fail_ratio:.4g} ({total.num_failures} of {total.num_requests} requests failed), "
+            f"allowed {max_error_ratio:g}"
+        )
+        (breaches if total.fail_ratio > max_error_ratio else passes).append(line)
+    for name, bound in p99_ms.items():
+        entry = _entry(stats, name)
+        if entry is None or entry.num_requests == 0:
+            known = sorted({n for n, _ in stats.entries})
+            breaches.append(f"p99 of {name!r}: no requests recorded under that name (entries: {', '.join(known)})")
+            continue
+        p99 = entry.get_response_time_percentile(0.99)
+        line = f"p99 of {name!r} {p99:g} ms over {entry.num_requests} requests, allowed {bound:g} ms"
+        (breaches if p99 > bound else passes).append(line)
+    return breaches, passes
+
+
+def enforce(environment: Environment, **_kwargs: Any) -> None:
+    """Listener of ``quitting``. A worker leaves the verdict to its master, which holds every worker's stats."""
+    if environment.parsed_options is None or isinstance(environment.runner, WorkerRunner):
+        return
+    options = LoadOptions.of(environment)
+    breaches, passes = evaluate(environment.stats, options.max_error_ratio, options.p99_ms)
+    runner = environment.runner
+    if runner is not None and runner.exceptions:
+        # An exception in the users' own code is no request failure, yet the run did not do what it should.
+        count = sum(e["count"] for e in runner.exceptions.values())
+        breaches.append(f"{count} unexpected exceptions in the load test's users (see the exceptions report)")
+    if options.max_error_ratio is None and not options.p99_ms and not breaches:
+        return  # no gate configured: locust's own rule (--exit-code-on-error) decides
+    for line in passes:
+        log.info("SLO gate passed: %s", line)
+    for line in breaches:
+        log.error("SLO gate failed: %s", line)
+    environment.process_exit_code = 1 if breaches else 0
+
+
+def _entry(stats: RequestStats, name: str) -> StatsEntry | None:
+    """The stats under ``name`` (every request type that used it, merged), or ``all`` for the total."""
+    if name == ALL:
+        return stats.total
+    found = [entry for (entry_name, _), entry in stats.entries.items() if entry_name == name]
+    if len(found) <= 1:
+        return found[0] if found else None
+    merged = StatsEntry(stats, name, "", use_response_times_cache=False)
+    for entry in found:
+        merged.extend(entry)
+    return merged

@@ -1,0 +1,49 @@
+"""Shared by the deployment-file tests: the repository's deploy paths, YAML loading, and the external validators
+(Debian's ``docker-compose`` and ``promtool``), which skip when missing except under ``CI``, where they fail."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.import_probe import ROOT
+
+COMPOSE = ROOT / "docker-compose.yml"
+COMPOSE_GPU = ROOT / "docker-compose.gpu.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
+GRAFANA = DEPLOY / "grafana"
+DASHBOARD = GRAFANA / "dashboards" / "switchyard.json"
+ENV_EXAMPLES = {
+    DEPLOY / "gateway.env.example": "deploy/gateway.env",
+    DEPLOY / "grafana.env.example": "deploy/grafana.env",
+}
+"""Committed examples of the env files compose reads, and where compose expects the real (git-ignored) ones."""
+
+
+def require_tool(binary: str, package: str) -> str:
+    """The tool's path; skips without it, except under ``CI`` (where ``.ci/run`` installs it): there it fails."""
+    path = shutil.which(binary)
+    if path is None:
+        reason = f"{binary} is not installed (apt-get install {package}; .ci/run does it)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set and {reason}", pytrace=False)
+        pytest.skip(reason)
+    return path
+
+
+def load_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def load_documents(path: Path) -> list[dict[str, Any]]:
+    """Every non-empty document of a multi-document YAML file."""
+    return [document for document in yaml.safe_load_all(path.read_text()) if document]

@@ -1,0 +1,108 @@
+"""``loadtests/locustfile.py`` run headless by the locust CLI against a gateway in its own process: HTTP (JSON and
+binary), gRPC and the ops user switching versions under load, every answer checked, and the SLO gates deciding the
+exit code."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.gateway_process import GatewayProcess, gateway_process
+from tests.locust_runs import run_locust
+
+TOKEN = "locust-test-token"
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def gateway(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    work = tmp_path_factory.mktemp("locust-gateway")
+    shutil.copytree(repository / "mlp", work / "repository" / "mlp")
+    with gateway_process(work / "repository", work, token=TOKEN) as running:
+        yield running
+
+
+def _answers_by_version(gateway: GatewayProcess) -> dict[tuple[str, str], float]:
+    """(protocol, version) → successful mlp answers, from the gateway's own counters."""
+    text = httpx.get(f"http://{gateway.http_url}/metrics", timeout=10).text
+    counts: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == "switchyard_requests_total" and labels["model"] == "mlp" and labels["code"] == "200":
+                key = (labels["protocol"], labels["version"])
+                counts[key] = counts.get(key, 0.0) + sample.value
+    return counts
+
+
+@pytest.mark.slow
+def test_locust_run_passes_its_gates_when_the_ops_user_switches_versions_under_load(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    # Version 1 serves when the run starts; the ops user activates 2 at ~4 s, rolls back at ~8 s, activates at ~12 s.
+    activated = httpx.post(f"http://{gateway.http_url}/admin/models/mlp/versions/1/activate", headers=ADMIN, timeout=60)
+    assert activated.status_code == 200, activated.text
+    before = _answers_by_version(gateway)
+
+    run = run_locust(
+        gateway.http_url,
+        gateway.grpc_url,
+        tmp_path,
+        [
+            "--model=mlp",
+            "--rows=2",
+            "--ops-interval=4",
+            "--ops-version=2",
+            "--exit-code-on-error=1",
+            "--slo-error-ratio=0",
+            "--slo-p99-ms=infer-json=2000,infer-binary=2000,grpc-infer=2000",
+        ],
+        seconds=15,
+        users=5,
+        token=TOKEN,
+    )
+
+    assert run.returncode == 0, run.output[-4000:]
+    assert "SLO gate passed: error ratio 0 " in run.output
+    assert "SLO gate failed" not in run.output
+    for key in [("POST", "infer-json"), ("POST", "infer-binary"), ("grpc", "grpc-infer")]:
+        assert run.stats[key].requests > 50, (key, run.stats)
+    assert run.stats[("POST", "activate")].requests >= 1
+    assert run.stats[("POST", "rollback")].requests >= 1
+    assert [row for row in run.stats.values() if row.failures] == []
+    assert (tmp_path / "run.html").stat().st_size > 0
+
+    # Both versions answered both protocols during the run, and every switch the ops user made succeeded.
+    after = _answers_by_version(gateway)
+    for protocol in ("http", "grpc"):
+        for version in ("1", "2"):
+            assert after.get((protocol, version), 0) > before.get((protocol, version), 0), (protocol, version, after)
+    events = httpx.get(f"http://{gateway.http_url}/admin/models/mlp/events", headers=ADMIN, timeout=10).json()
+    switches = [e for e in events["events"] if e["action"] in ("activate", "rollback")][1:]  # after our activate
+    assert [e["action"] for e in switches][:2] == ["activate", "rollback"]
+    assert {e["result"] for e in switches} == {"ok"}
+
+
+@pytest.mark.slow
+def test_locust_run_exits_nonzero_naming_the_gate_when_the_p99_bound_is_impossible(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    run = run_locust(
+        gateway.http_url,
+        gateway.grpc_url,
+        tmp_path,
+        ["--model=mlp", "--ops-interval=0", "--slo-error-ratio=0", "--slo-p99-ms=infer-json=0.001"],
+        seconds=5,
+        users=2,
+    )
+
+    assert run.returncode == 1, run.output[-4000:]
+    assert "SLO gate failed: p99 of 'infer-json'" in run.output
+    assert "allowed 0.001 ms" in run.output
+    assert "SLO gate passed: error ratio 0 " in run.output  # the answers themselves were right
+    assert run.stats[("POST", "infer-json")].failures == 0
