@@ -4,6 +4,7 @@ an interpreter), and one a test can SIGKILL."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,3 +89,14 @@ def gateway_process(
         yield gateway
     finally:
         gateway.stop()
+
+
+@contextmanager
+def gateway_on_copy(
+    repository: Path, work: Path, *, token: str, models: tuple[str, ...] = ("classifier", "mlp")
+) -> Iterator[GatewayProcess]:
+    """A gateway serving a copy of ``models`` from ``repository`` (a test may then change the copy freely)."""
+    for model in models:
+        shutil.copytree(repository / model, work / "repository" / model)
+    with gateway_process(work / "repository", work, token=token) as gateway:
+        yield gateway

@@ -4,8 +4,6 @@ would."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
 import subprocess
 import time
@@ -13,20 +11,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
 from services.tritonlocal import free_port
+from tests.system_tools import require_tool
 
 
 def require_redis() -> str:
-    """The server binary; skips without it, except under ``CI`` (where ``.ci/run`` installs it): there it fails."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        reason = "redis-server is not installed (apt-get install redis-server; .ci/run does it)"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set and {reason}", pytrace=False)
-        pytest.skip(reason)
-    return binary
+    """The server binary (skipped without it, except under ``CI``)."""
+    return require_tool("redis-server", "redis-server")
 
 
 class RedisServer:

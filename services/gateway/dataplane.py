@@ -15,7 +15,7 @@ import uuid
 from tritonclient.grpc import model_config_pb2
 
 from services.gateway.backends.base import Backend
-from services.gateway.errors import DeadlineExceeded, GatewayError, InferenceFailed, ModelNotReady
+from services.gateway.errors import DeadlineExceeded, GatewayError, InferenceFailed, InvalidInput, ModelNotReady
 from services.gateway.leases import Leases
 from services.gateway.metrics import OTHER, GatewayMetrics
 from services.gateway.region_tensors import check_room, detach, place_outputs
@@ -29,6 +29,7 @@ from services.gateway.statistics import Hops, StatisticsReport, gather
 from services.gateway.traffic import TrafficWindows
 from services.gateway.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
 from services.gateway.validation import validate
+from services.gateway.versions import parse_version
 
 log = logging.getLogger(__name__)
 SERVER_NAME = "switchyard"
@@ -257,7 +258,9 @@ def format_duration(seconds: float) -> str:
 
 
 def _known_number(version: str) -> int | None:
-    """A version label's number when it is a plain decimal the repository could hold; else ``None``."""
-    if 0 < len(version) <= 18 and version.isascii() and version.isdigit() and version[0] != "0":
-        return int(version)
-    return None
+    """A version label's number when it is one the repository could hold (``versions.parse_version``'s rule);
+    ``None`` for anything malformed, which the metrics then count under ``_other``."""
+    try:
+        return parse_version(version)
+    except InvalidInput:
+        return None

@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.import_probe import ROOT
+from tests.system_tools import require_tool as require_tool  # the deploy tests take it from here with the paths
 
 COMPOSE = ROOT / "docker-compose.yml"
 COMPOSE_GPU = ROOT / "docker-compose.gpu.yml"
@@ -29,15 +27,6 @@ ENV_EXAMPLES = {
 """Committed examples of the env files compose reads, and where compose expects the real (git-ignored) ones."""
 
 
-def require_tool(binary: str, package: str) -> str:
-    """The tool's path; skips without it, except under ``CI`` (where ``.ci/run`` installs it): there it fails."""
-    path = shutil.which(binary)
-    if path is None:
-        reason = f"{binary} is not installed (apt-get install {package}; .ci/run does it)"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set and {reason}", pytrace=False)
-        pytest.skip(reason)
-    return path
 
 
 def load_yaml(path: Path) -> Any:

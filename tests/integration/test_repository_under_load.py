@@ -3,13 +3,12 @@ unversioned requests to the embedded backend, the gateway in its own process: no
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.gateway_process import GatewayProcess, gateway_process
+from tests.gateway_process import GatewayProcess, gateway_on_copy
 from tests.repository_load import loads_under_load
 
 TOKEN = "repository-load-token"
@@ -17,9 +16,7 @@ TOKEN = "repository-load-token"
 
 @pytest.fixture
 def gateway(repository: Path, tmp_path: Path) -> Iterator[GatewayProcess]:
-    for model in ("classifier", "mlp"):
-        shutil.copytree(repository / model, tmp_path / "repository" / model)
-    with gateway_process(tmp_path / "repository", tmp_path, token=TOKEN) as running:
+    with gateway_on_copy(repository, tmp_path, token=TOKEN) as running:
         yield running
 
 

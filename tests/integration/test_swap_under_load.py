@@ -3,21 +3,18 @@ send unversioned requests through six switches (two of which load a version), th
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.gateway_process import GatewayProcess, gateway_process
+from tests.gateway_process import GatewayProcess, gateway_on_copy
 from tests.swap_load import PLAN, TOKEN, switch_under_load
 
 
 @pytest.fixture
 def gateway(repository: Path, tmp_path: Path) -> Iterator[GatewayProcess]:
-    for model in ("classifier", "mlp"):
-        shutil.copytree(repository / model, tmp_path / "repository" / model)
-    with gateway_process(tmp_path / "repository", tmp_path, token=TOKEN) as running:
+    with gateway_on_copy(repository, tmp_path, token=TOKEN) as running:
         yield running
 
 

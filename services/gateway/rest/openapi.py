@@ -1,24 +1,18 @@
 """The OpenAPI document of the v2 REST and admin routes (plain Starlette routes, which FastAPI cannot describe by
-itself) and Swagger UI at ``/docs`` from packaged assets, so that it works without reaching a CDN."""
+itself); ``rest/docs_ui.py`` renders it at ``/docs``."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import fastapi_offline
 from fastapi import FastAPI
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
-from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
 from pydantic_core import core_schema
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from services.gateway.rest import schemas
+from services.gateway.rest.docs_ui import DOCS_PATH, install_docs
 from services.gateway.rest.repository_routes import repository_paths
 from services.gateway.rest.shared_memory import shared_memory_paths
 from services.gateway.rest.statistics_schemas import RESPONSE_MODELS as STATISTICS_MODELS
@@ -26,10 +20,6 @@ from services.gateway.rest.statistics_schemas import statistics_paths
 
 __all__ = ["DOCS_PATH", "build_document", "install_openapi"]
 
-DOCS_PATH = "/docs"
-_ASSETS_PATH = "/docs/assets"
-# fastapi-offline ships Swagger UI 5 (OpenAPI 3.1, which FastAPI writes) next to its module.
-_ASSETS = Path(fastapi_offline.__file__).parent / "static"
 _REF = "#/components/schemas/{model}"
 
 Json = dict[str, Any]
@@ -45,18 +35,7 @@ def install_openapi(app: FastAPI) -> None:
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to replace the document
 
-    async def docs(request: Request) -> Response:
-        root = request.scope.get("root_path", "")  # behind a proxy that strips a prefix, as FastAPI's own /docs
-        return get_swagger_ui_html(
-            openapi_url=f"{root}{app.openapi_url}",
-            title=f"{app.title} - Swagger UI",
-            swagger_js_url=f"{root}{_ASSETS_PATH}/swagger-ui-bundle.js",
-            swagger_css_url=f"{root}{_ASSETS_PATH}/swagger-ui.css",
-            swagger_favicon_url=f"{root}{_ASSETS_PATH}/favicon.png",
-        )
-
-    app.router.routes.append(Route(DOCS_PATH, docs, methods=["GET"], include_in_schema=False))
-    app.mount(_ASSETS_PATH, StaticFiles(directory=_ASSETS), name="docs-assets")
+    install_docs(app)
 
 
 def build_document(app: FastAPI) -> Json:
