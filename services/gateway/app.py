@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from services.extras import runtime_conflict
 from services.gateway.admin import AdminAuth, AdminEndpoints, add_admin_routes
+from services.gateway.admin.console import Console, add_console_routes
+from services.gateway.admin.live import LiveFigures
 from services.gateway.backends.base import Backend
 from services.gateway.backends.embedded import EmbeddedBackend
 from services.gateway.backends.triton import ConfigTransform, TritonBackend, identity
@@ -36,6 +38,7 @@ from services.gateway.shaping.shaper import Shaper
 from services.gateway.shared_memory import SharedMemoryRegions
 from services.gateway.state import FileStateStore, RedisStateStore, StateStore, default_state_path
 from services.gateway.traffic import TrafficWindows
+from services.gateway.tuning.service import TuneService
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +118,8 @@ def create_app(
         mirror=backend.shared_memory if isinstance(backend, TritonBackend) else None,
     )
     dataplane = DataPlane(catalog, backend, router, leases, metrics, windows, shadows, shaper, regions=regions)
+    tuner = TuneService(manager)
+    live = LiveFigures(metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -122,6 +127,7 @@ def create_app(
         if conflict is not None:
             log.error("%s", conflict)
         await manager.start()
+        live.start()
         grpc_server = None
         if settings.grpc_port is not None:
             grpc_server, app.state.grpc_port = await start_server(
@@ -142,6 +148,8 @@ def create_app(
         finally:
             if grpc_server is not None:
                 await grpc_server.stop(settings.grpc_shutdown_grace_s)
+            await live.close()
+            await tuner.close()  # a run in progress is cancelled and unloads its trial
             await manager.close()
             await regions.close()  # unmapped, and unregistered from Triton while its connection is still open
             await backend.close()
@@ -150,9 +158,11 @@ def create_app(
     app = FastAPI(title="Switchyard gateway", version=SERVER_VERSION, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.dataplane = dataplane
     app.state.manager = manager
+    app.state.live = live
     app.state.grpc_port = None
     add_routes(app, Endpoints(dataplane, max_body_bytes=settings.max_body_bytes))
-    add_admin_routes(app, AdminEndpoints(manager, AdminAuth(settings.admin_token), settings))
+    add_admin_routes(app, AdminEndpoints(manager, AdminAuth(settings.admin_token), settings, tuner=tuner))
+    add_console_routes(app, Console(manager, AdminAuth(settings.admin_token), live))
     add_repository_routes(app, RepositoryEndpoints(repository_api, max_body_bytes=settings.max_body_bytes))
     add_v2_routes(app, shared_memory_routes(SharedMemoryEndpoints(dataplane)))
     install_openapi(app)

@@ -20,6 +20,8 @@ from services.gateway.policy import set_canary, set_shadow
 from services.gateway.rest.responses import JSONBytesResponse
 from services.gateway.settings import Settings
 from services.gateway.state.policies import CanaryPolicy, ShadowPolicy
+from services.gateway.tuning.options import TuneOptions, TuneOptionsError
+from services.gateway.tuning.service import TuneService
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -29,8 +31,11 @@ MAX_EVENTS = 1000
 
 
 class AdminEndpoints:
-    def __init__(self, manager: VersionManager, auth: AdminAuth, settings: Settings) -> None:
+    def __init__(
+        self, manager: VersionManager, auth: AdminAuth, settings: Settings, *, tuner: TuneService | None = None
+    ) -> None:
         self._manager = manager
+        self._tuner = tuner
         self._auth = auth
         self._max_drain_s = settings.max_drain_timeout_s
 
@@ -101,6 +106,30 @@ class AdminEndpoints:
 
     async def scan(self, request: Request) -> Response:
         return await self._answer(request, lambda actor: self._manager.scan(actor=actor))
+
+    async def tune_start(self, request: Request) -> Response:
+        """Starts a tuning run in the background: 202 with its first status, 409 while one runs."""
+
+        async def act(actor: str) -> Any:
+            tuner = self._tuning()
+            try:
+                options = TuneOptions.from_json(_json_object(await request.body()))
+            except TuneOptionsError as exc:
+                raise InvalidInput(str(exc)) from None
+            return tuner.start(_model(request), options, actor).to_json()
+
+        response = await self._answer(request, act)
+        if response.status_code == 200:
+            response.status_code = 202
+        return response
+
+    async def tune_status(self, request: Request) -> Response:
+        return await self._answer(request, lambda actor: _ready(self._tuning().status(_model(request)).to_json()))
+
+    def _tuning(self) -> TuneService:
+        if self._tuner is None:
+            raise GatewayError("tuning is not available in this gateway", 503)
+        return self._tuner
 
     async def _answer(self, request: Request, action: Callable[[str], Awaitable[Any]]) -> Response:
         try:

@@ -26,6 +26,7 @@ from services.gateway.backends.triton.errors import TritonErrors
 from services.gateway.backends.triton.health import TritonHealth
 from services.gateway.backends.triton.shared_memory import TritonSharedMemory
 from services.gateway.backends.triton.statistics import read_statistics
+from services.gateway.backends.triton.trials import TritonTrials
 from services.gateway.errors import BackendUnavailable, GatewayError, ModelNotFound
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import Settings
@@ -222,6 +223,13 @@ class TritonBackend(TritonHealth):
     async def config(self, model: str, version: int) -> model_config_pb2.ModelConfig:
         self._check_known(model, version)
         return pinned(self._configs[model], self._wanted[model])
+
+    def trials(self) -> TritonTrials:
+        """A host for tuning trials in the same Triton, on its own connections (``services.gateway.tuning``)."""
+        return TritonTrials(self._settings, self._transform, self._serving)
+
+    def _serving(self, model: str) -> tuple[model_config_pb2.ModelConfig, set[int]]:
+        return self._configs[model], set(self._wanted.get(model, ()))
 
     def _check_known(self, model: str, version: int) -> None:
         self._catalog.entry(model)

@@ -1,0 +1,185 @@
+"""The ops console: ``GET /admin/ui`` serves a static single-page app shipped in this package (``ui/``);
+``GET /admin/models/{m}/live`` gives the time series it draws, and ``POST /admin/models/{m}/versions/{v}/compare``
+the swap protocol's output comparison of a loaded version with the stable one, before anyone confirms a flip (it
+changes nothing). The page itself holds no secret and is served to anyone; everything it shows or changes goes
+through the admin API with the token the user types in."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from services.gateway.admin.auth import AdminAuth
+from services.gateway.admin.live import LiveFigures
+from services.gateway.errors import Conflict, GatewayError, InvalidInput, ModelNotFound, Unauthorized
+from services.gateway.manager import VersionManager
+from services.gateway.rest.responses import JSONBytesResponse
+from services.gateway.types import VersionState
+from services.gateway.warmup import compare_versions
+
+UI = Path(__file__).with_name("ui")
+ASSETS = {
+    "index.html": "text/html; charset=utf-8",
+    "console.js": "text/javascript; charset=utf-8",
+    "console.css": "text/css; charset=utf-8",
+    "icon.svg": "image/svg+xml",
+}
+"""Every file the page is made of: nothing else under ``/admin/ui`` is served."""
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "font-src 'none'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Resource-Policy": "same-origin",
+    "Permissions-Policy": "camera=(), microphone=(), geolocation=()",
+}
+MAX_MINUTES = 10
+MAX_STEP_S = 60
+
+
+@dataclass(frozen=True)
+class Asset:
+    body: bytes
+    media_type: str
+    etag: str
+
+
+def read_assets(folder: Path = UI) -> dict[str, Asset]:
+    """The page's files, read once: a missing one is a packaging bug, reported at startup rather than as a
+    broken page."""
+    assets = {}
+    for name, media_type in ASSETS.items():
+        path = folder / name
+        if not path.is_file():
+            raise FileNotFoundError(f"the ops console's {path} is missing: the package was installed without it")
+        body = path.read_bytes()
+        assets[name] = Asset(body, media_type, '"' + hashlib.sha256(body).hexdigest()[:20] + '"')
+    return assets
+
+
+class Console:
+    def __init__(self, manager: VersionManager, auth: AdminAuth, live: LiveFigures) -> None:
+        self._manager = manager
+        self._auth = auth
+        self._live = live
+        self._assets = read_assets()
+
+    async def page(self, request: Request) -> Response:
+        # The HTML is never stored: a new gateway version brings new assets.
+        return self._file("index.html", {"Cache-Control": "no-store"})
+
+    async def asset(self, request: Request) -> Response:
+        name = str(request.path_params["asset"])
+        asset = self._assets.get(name)
+        if asset is None or name == "index.html":
+            return Response(b"not found\n", 404, media_type="text/plain", headers=SECURITY_HEADERS)
+        if request.headers.get("if-none-match") == asset.etag:
+            return Response(status_code=304, headers={**SECURITY_HEADERS, "ETag": asset.etag})
+        return self._file(name, {"Cache-Control": "no-cache", "ETag": asset.etag})
+
+    async def live(self, request: Request) -> Response:
+        """Series of one model: ``minutes`` back (1 to 10, default 5), a point per ``step`` seconds (1 to 60,
+        default 2)."""
+
+        async def figures() -> dict[str, Any]:
+            model = str(request.path_params["model_name"])
+            self._manager.catalog.entry(model)
+            minutes = _bounded(request.query_params.get("minutes"), "minutes", 5, MAX_MINUTES)
+            step_s = _bounded(request.query_params.get("step"), "step", 2, MAX_STEP_S)
+            return self._figures(model, minutes, step_s)
+
+        return await _answer(self._auth, request, figures)
+
+    async def compare(self, request: Request) -> Response:
+        """What an activation's ``compare`` step would report now: the same warm-up samples on a loaded version and
+        on the stable one. Run as a version action (409 while another runs); nothing is loaded, routed or logged."""
+
+        async def compared() -> dict[str, Any]:
+            model = str(request.path_params["model_name"])
+            version = _version(str(request.path_params["model_version"]))
+            manager = self._manager
+            entry = manager.catalog.entry(model)
+            async with manager.exclusive(model, "compare", version):
+                record = manager.router.record(model)
+                if record is None:
+                    raise Conflict(f"model '{model}' has no routing yet (no version of it serves)")
+                if version == record.stable:
+                    raise InvalidInput(f"version {version} is the stable version of model '{model}'")
+                for side in (version, record.stable):
+                    if manager.backend.state(model, side) is not VersionState.READY:
+                        raise Conflict(f"version {side} of model '{model}' is not loaded: an activation loads it and "
+                                       "compares before the flip")
+                timeout = manager.settings.warmup_timeout_s
+                result = await compare_versions(manager.backend, entry, version, record.stable, None, timeout)
+            return {"model": model, "version": version, "comparison": result}
+
+        return await _answer(self._auth, request, compared)
+
+    def _figures(self, model: str, minutes: int, step_s: int) -> dict[str, Any]:
+        record = self._manager.router.record(model)
+        if record is None:
+            raise ModelNotFound(f"model '{model}' has no routing yet")
+        canary, shadow = record.canary, record.shadow
+        return {
+            "model": model,
+            "minutes": minutes,
+            "step_s": step_s,
+            "sampled_every_s": self._live.period_s,
+            "stable": record.stable,
+            "canary": {"version": canary.version, "weight": canary.weight} if canary is not None else None,
+            "shadow_policy": {"version": shadow.version, "sample": shadow.sample} if shadow is not None else None,
+            **self._live.series(model, minutes=minutes, step_s=step_s),
+        }
+
+    def _file(self, name: str, headers: dict[str, str]) -> Response:
+        asset = self._assets[name]
+        return Response(asset.body, media_type=asset.media_type, headers={**SECURITY_HEADERS, **headers})
+
+
+async def _answer(auth: AdminAuth, request: Request, action: Callable[[], Awaitable[dict[str, Any]]]) -> Response:
+    """The admin API's answer: the token checked first, every error as ``{"error": ...}`` with its status."""
+    try:
+        auth.check(request)
+        return JSONBytesResponse(await action())
+    except GatewayError as exc:
+        headers = {"WWW-Authenticate": 'Bearer realm="switchyard-admin"'} if isinstance(exc, Unauthorized) else {}
+        return JSONBytesResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
+
+
+def _version(raw: str) -> int:
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        raise InvalidInput(f"a version is a non-negative integer, got {raw!r}")
+    return int(raw)
+
+
+def _bounded(raw: str | None, name: str, default: int, most: int) -> int:
+    if raw is None:
+        return default
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= most:
+        raise InvalidInput(f"{name} must be an integer from 1 to {most}, got {raw!r}")
+    return int(raw)
+
+
+def add_console_routes(app: FastAPI, console: Console) -> None:
+    routes: list[tuple[str, Callable[[Request], Awaitable[Response]], str]] = [
+        ("/admin/ui", console.page, "GET"),
+        ("/admin/ui/", console.page, "GET"),
+        ("/admin/ui/{asset}", console.asset, "GET"),
+        ("/admin/models/{model_name}/live", console.live, "GET"),
+        ("/admin/models/{model_name}/versions/{model_version}/compare", console.compare, "POST"),
+    ]
+    for path, handler, method in routes:
+        app.router.routes.append(Route(path, handler, methods=[method]))

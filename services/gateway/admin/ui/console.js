@@ -1,0 +1,828 @@
+// Switchyard ops console: one ES module, no dependencies, no build step. It reads and changes the gateway only
+// through the admin API of the gateway that served it, with the token kept in this tab's sessionStorage (never in a
+// cookie or a URL). Everything from the gateway is put in the page as text, never as HTML.
+
+const TOKEN_KEY = "switchyard.admin-token";
+const POLL_MS = 2000;
+const PROGRESS_MS = 250;
+const LIVE = { minutes: 5, step: 2 };
+const SWAP_STEPS = ["load", "warmup", "compare", "flip", "drain", "unload"];
+const SWAPS = new Set(["activate", "rollback"]);
+
+class ApiError extends Error {
+  constructor(status, message, body) {
+    super(message);
+    this.status = status;
+    this.body = body;
+  }
+
+  /** The API's error, verbatim, with its status (and the failed step when a swap says it). */
+  describe() {
+    const status = this.status ? `HTTP ${this.status}` : "no answer";
+    const step = this.body && this.body.step ? ` (failed at step '${this.body.step}')` : "";
+    return `${status}${step}: ${this.message}`;
+  }
+}
+
+const state = {
+  view: null,
+  names: [],
+  cards: new Map(),
+  swaps: new Map(),
+  timer: null,
+  generation: 0,
+  dialogs: 0,
+};
+
+const $ = (id) => document.getElementById(id);
+const enc = encodeURIComponent;
+
+function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") el.className = value;
+    else if (key === "text") el.textContent = value;
+    else if (key === "dataset") Object.assign(el.dataset, value);
+    else if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else el.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : String(child));
+  }
+  return el;
+}
+
+function token() {
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
+async function api(method, path, body, presented = token()) {
+  const headers = { Authorization: `Bearer ${presented}`, Accept: "application/json" };
+  const init = { method, headers, cache: "no-store", credentials: "omit", referrerPolicy: "no-referrer" };
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (err) {
+    throw new ApiError(0, `the gateway did not answer (${err.message})`, null);
+  }
+  const text = await response.text();
+  let data = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = null;
+  }
+  if (!response.ok) {
+    const message = data && typeof data.error === "string" ? data.error : text || response.statusText;
+    throw new ApiError(response.status, message, data);
+  }
+  return data;
+}
+
+// -- formatting -------------------------------------------------------------------------------------------------
+
+const v = (version) => (version === null || version === undefined ? "–" : `v${version}`);
+const pct = (fraction, digits = 1) => (fraction === null || fraction === undefined ? "–" : `${(fraction * 100).toFixed(digits)} %`);
+const num = (x, digits = 1) => (x === null || x === undefined ? "–" : Number(x).toFixed(digits));
+
+function ms(seconds) {
+  if (seconds === null || seconds === undefined) return "–";
+  const value = seconds * 1000;
+  return value >= 1000 ? `${(value / 1000).toFixed(2)} s` : `${value.toFixed(value < 10 ? 1 : 0)} ms`;
+}
+
+function utc(iso) {
+  if (!iso) return "–";
+  const date = new Date(iso);
+  return Number.isNaN(date.getTime()) ? iso : date.toISOString().replace("T", " ").slice(0, 19);
+}
+
+function steps(timings) {
+  return Object.entries(timings || {})
+    .filter(([name]) => !name.startsWith("to_"))
+    .map(([name, seconds]) => `${name} ${ms(seconds)}`)
+    .join(" · ");
+}
+
+function comparison(result, lead = "compared") {
+  if (!result) return null;
+  const diffs = Object.entries(result.max_abs_diff || {}).map(([name, diff]) => `${name}: ${typeof diff === "number" ? diff.toPrecision(3) : diff}`);
+  return `${lead} with ${v(result.against)} on the warm-up samples before the flip, largest |difference| per output: ${diffs.join(", ") || "none"}`;
+}
+
+function split(canary) {
+  if (!canary) return "none";
+  if (canary.rolled_back && !canary.weight) return `${v(canary.version)} pulled back`;
+  return `${v(canary.version)} at ${num(canary.weight, 0)} %`;
+}
+
+// -- sparklines -------------------------------------------------------------------------------------------------
+
+const SVG = "http://www.w3.org/2000/svg";
+
+/** A line of ``values`` placed by their ``times`` (epoch seconds; the reads are sparser while nobody watches). */
+function sparkline(values, label, times = values.map((_, i) => i)) {
+  const width = 120;
+  const height = 28;
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("class", "spark");
+  svg.setAttribute("role", "img");
+  const known = values.filter((x) => x !== null && x !== undefined);
+  const top = Math.max(...known, 0);
+  svg.setAttribute("aria-label", known.length ? `${label}: ${known.length} points, highest ${num(top, 2)}` : `${label}: no data yet`);
+  if (!known.length) return svg;
+  const scale = top > 0 ? (height - 4) / top : 0;
+  const first = times[0];
+  const span = times.length > 1 ? times[times.length - 1] - first : 0;
+  let d = "";
+  let pen = false;
+  values.forEach((value, i) => {
+    if (value === null || value === undefined) {
+      pen = false;
+      return;
+    }
+    const x = (span > 0 ? ((times[i] - first) / span) * width : width).toFixed(1);
+    const y = (height - 2 - value * scale).toFixed(1);
+    d += `${pen ? "L" : "M"}${x} ${y} `;
+    pen = true;
+  });
+  const path = document.createElementNS(SVG, "path");
+  path.setAttribute("d", d.trim());
+  svg.append(path);
+  return svg;
+}
+
+// -- views ------------------------------------------------------------------------------------------------------
+
+function show(view) {
+  state.view = view;
+  $("login").hidden = view !== "login";
+  $("models-view").hidden = view !== "models";
+  $("events-view").hidden = view !== "events";
+  $("nav").hidden = view === "login";
+  $("sign-out").hidden = view === "login";
+  for (const link of document.querySelectorAll("#nav a")) {
+    if (link.id === `nav-${view}`) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+}
+
+function route() {
+  if (!token()) {
+    signedOut("");
+    return;
+  }
+  show(location.hash === "#/events" ? "events" : "models");
+  restart();
+}
+
+function signedOut(message) {
+  clearTimeout(state.timer);
+  state.generation += 1;
+  sessionStorage.removeItem(TOKEN_KEY);
+  show("login");
+  $("updated").textContent = "";
+  $("trouble").textContent = "";
+  $("login-error").textContent = message;
+  $("token").focus();
+}
+
+async function signIn(event) {
+  event.preventDefault();
+  const presented = $("token").value.trim();
+  $("login-error").textContent = "";
+  if (!presented) {
+    $("login-error").textContent = "Type the admin token first.";
+    return;
+  }
+  try {
+    await api("GET", "/admin/models", undefined, presented);
+  } catch (err) {
+    const wrong = err.status === 401 || err.status === 403;
+    $("login-error").textContent = `${wrong ? "Sign-in refused" : "Sign-in failed"} — ${err.describe()}`;
+    $("token").select();
+    return;
+  }
+  sessionStorage.setItem(TOKEN_KEY, presented);
+  $("token").value = "";
+  if (location.hash !== "#/events") location.hash = "#/models";
+  route();
+  $("main").focus();
+}
+
+function restart() {
+  clearTimeout(state.timer);
+  state.generation += 1;
+  tick(state.generation);
+}
+
+async function tick(generation) {
+  try {
+    if (state.view === "models") await refreshModels();
+    else if (state.view === "events") await refreshEvents();
+    // Not a live region: a screen reader hears the failures (#trouble), not a tick every two seconds.
+    $("updated").textContent = `Updated ${new Date().toLocaleTimeString()}`;
+    $("trouble").textContent = "";
+  } catch (err) {
+    if (err instanceof ApiError && (err.status === 401 || err.status === 403)) {
+      signedOut(`Signed out — ${err.describe()}`);
+      return;
+    }
+    $("trouble").textContent = `Update failed — ${err instanceof ApiError ? err.describe() : err.message}`;
+  }
+  if (generation === state.generation) state.timer = setTimeout(() => tick(generation), POLL_MS);
+}
+
+// -- models -----------------------------------------------------------------------------------------------------
+
+async function refreshModels() {
+  const overview = await api("GET", "/admin/models");
+  const names = overview.models.map((model) => model.name);
+  state.names = names;
+  const query = `minutes=${LIVE.minutes}&step=${LIVE.step}`;
+  const [statuses, lives] = await Promise.all([
+    Promise.all(names.map((name) => api("GET", `/admin/models/${enc(name)}`))),
+    Promise.all(names.map((name) => api("GET", `/admin/models/${enc(name)}/live?${query}`))),
+  ]);
+  await Promise.all(statuses.map((status) => lastSwap(status)));
+  const container = $("models");
+  for (const [name, card] of state.cards) {
+    if (!names.includes(name)) {
+      card.root.remove();
+      state.cards.delete(name);
+    }
+  }
+  names.forEach((name, i) => {
+    let card = state.cards.get(name);
+    if (!card) {
+      card = buildCard(name);
+      state.cards.set(name, card);
+    }
+    container.append(card.root); // keeps the order of the overview
+    renderCard(card, statuses[i], lives[i]);
+  });
+  if (!names.length) container.replaceChildren(h("p", { text: "The gateway serves no model." }));
+}
+
+/** The latest activate or rollback of the model from the audit log, read again when the routing changed. */
+async function lastSwap(status) {
+  const generation = status.routing ? status.routing.generation : null;
+  const cached = state.swaps.get(status.name);
+  if (cached && cached.generation === generation) return;
+  const { events } = await api("GET", `/admin/models/${enc(status.name)}/events?limit=200`);
+  const swaps = events.filter((event) => SWAPS.has(event.action)).sort((a, b) => (a.time < b.time ? 1 : -1));
+  state.swaps.set(status.name, { generation, event: swaps[0] || null });
+}
+
+function buildCard(name) {
+  const id = `model-${name.replace(/[^A-Za-z0-9_-]/g, "_")}`;
+  const part = (title, cls) => {
+    const body = h("div", { class: "body" });
+    const section = h("section", { class: `part ${cls}`, "aria-label": `${title} of ${name}` }, h("h4", { text: title }), body);
+    return { section, body };
+  };
+  const routing = part("Routing", "routing");
+  const live = part("Live figures", "live");
+  const versions = part("Versions", "versions");
+  const last = part("Last swap", "last");
+  const forms = buildForms(name, id);
+  const badge = h("span", { class: "badge" });
+  const root = h(
+    "article",
+    { class: "model", id, "aria-labelledby": `${id}-title`, dataset: { model: name } },
+    h("header", {}, h("h3", { id: `${id}-title`, text: name }), badge),
+    h("div", { class: "grid" }, routing.section, live.section, versions.section, forms.section, last.section),
+  );
+  return { name, id, root, badge, routing: routing.body, live: live.body, versions: versions.body, last: last.body, forms };
+}
+
+function buildForms(name, id) {
+  const canaryVersion = h("select", { id: `${id}-canary-version` });
+  const weight = h("input", { id: `${id}-canary-weight`, type: "number", min: "0", max: "100", step: "any", value: "10", inputmode: "decimal", required: true });
+  const shadowVersion = h("select", { id: `${id}-shadow-version` });
+  const sample = h("input", { id: `${id}-shadow-sample`, type: "number", min: "0", max: "100", step: "any", value: "10", inputmode: "decimal", required: true });
+  const rollback = h("button", { type: "button", id: `${id}-rollback`, class: "danger" }, "Roll back");
+  rollback.addEventListener("click", () => confirmRollback(name));
+  const canary = h(
+    "form",
+    { class: "row", "aria-label": `Canary of ${name}` },
+    h("label", { for: canaryVersion.id }, "Canary version"), canaryVersion,
+    h("label", { for: weight.id }, "Weight (%)"), weight,
+    h("button", { type: "submit" }, "Set canary"),
+    h("button", { type: "button", id: `${id}-canary-clear`, onclick: () => confirmTraffic(name, null, 0) }, "Clear canary"),
+  );
+  canary.addEventListener("submit", (event) => {
+    event.preventDefault();
+    if (canaryVersion.value) confirmTraffic(name, Number(canaryVersion.value), Number(weight.value));
+  });
+  const shadow = h(
+    "form",
+    { class: "row", "aria-label": `Shadow of ${name}` },
+    h("label", { for: shadowVersion.id }, "Shadow version"), shadowVersion,
+    h("label", { for: sample.id }, "Sample (%)"), sample,
+    h("button", { type: "submit" }, "Set shadow"),
+    h("button", { type: "button", id: `${id}-shadow-clear`, onclick: () => confirmShadow(name, null, 0) }, "Clear shadow"),
+  );
+  shadow.addEventListener("submit", (event) => {
+    event.preventDefault();
+    if (shadowVersion.value) confirmShadow(name, Number(shadowVersion.value), Number(sample.value));
+  });
+  const section = h(
+    "section",
+    { class: "part actions", "aria-label": `Traffic actions of ${name}` },
+    h("h4", { text: "Traffic" }),
+    canary,
+    shadow,
+    h("div", { class: "row" }, rollback),
+  );
+  return { section, canaryVersion, shadowVersion, rollback };
+}
+
+/** Replace a part's content, keeping the keyboard focus on the element with the same id. */
+function replace(body, ...children) {
+  const focused = document.activeElement && body.contains(document.activeElement) ? document.activeElement.id : null;
+  body.replaceChildren(...children.flat().filter((child) => child !== null && child !== undefined && child !== false));
+  if (focused) {
+    const again = document.getElementById(focused);
+    if (again) again.focus();
+  }
+}
+
+function options(select, versions) {
+  const wanted = versions.map(String);
+  const have = [...select.options].map((option) => option.value);
+  if (wanted.join() === have.join()) return;
+  const chosen = select.value;
+  select.replaceChildren(...wanted.map((value) => h("option", { value }, `version ${value}`)));
+  if (wanted.includes(chosen)) select.value = chosen;
+  select.disabled = wanted.length === 0;
+}
+
+function renderCard(card, status, live) {
+  const routing = status.routing || {};
+  const traffic = status.traffic || {};
+  const canary = routing.canary;
+  const shadow = routing.shadow;
+  card.badge.textContent = status.ready ? "ready" : "not ready";
+  card.badge.className = `badge ${status.ready ? "ok" : "bad"}`;
+
+  const field = (label, key, value) => [h("dt", { text: label }), h("dd", { dataset: { field: key } }, value)];
+  replace(
+    card.routing,
+    h(
+      "dl",
+      {},
+      field("Stable", "stable", v(routing.stable)),
+      field("Previous", "previous", v(routing.previous)),
+      field("Canary", "canary", split(canary)),
+      field("Shadow", "shadow", shadow ? `${v(shadow.version)} on ${pct(shadow.sample, 0)}` : "none"),
+      field("Generation", "generation", routing.generation ?? "–"),
+      field("Changed", "updated", utc(routing.updated_at)),
+    ),
+    status.problem ? h("p", { class: "error", text: status.problem }) : null,
+    canary && canary.rolled_back ? h("p", { class: "error", text: `Canary pulled back: ${canary.rolled_back}` }) : null,
+    status.action ? running(status.action) : null,
+  );
+
+  replace(card.live, liveTable(card, live, traffic));
+  replace(card.versions, versionsTable(card, status));
+
+  const onDisk = status.available.filter((version) => version !== routing.stable);
+  options(card.forms.canaryVersion, onDisk);
+  options(card.forms.shadowVersion, onDisk);
+  card.forms.rollback.disabled = routing.previous === null || routing.previous === undefined;
+  card.forms.rollback.textContent = card.forms.rollback.disabled ? "Roll back (no previous version)" : `Roll back to ${v(routing.previous)}`;
+
+  card.status = status;
+  const swap = state.swaps.get(card.name);
+  replace(card.last, swapSummary(swap ? swap.event : null));
+}
+
+function running(action) {
+  const done = Object.entries(action.steps || {}).filter(([name]) => !name.startsWith("to_"));
+  return h(
+    "p",
+    { class: "running", role: "status" },
+    `${action.action} of ${v(action.version)} running: step '${action.step}'`,
+    done.length ? ` (done: ${done.map(([name, s]) => `${name} ${ms(s)}`).join(", ")})` : "",
+  );
+}
+
+function versionsTable(card, status) {
+  const routing = status.routing || {};
+  const loaded = new Map(status.loaded.map((row) => [row.version, row]));
+  const all = [...new Set([...status.available, ...loaded.keys()])].sort((a, b) => a - b);
+  const rows = all.map((version) => {
+    const row = loaded.get(version);
+    const roles = [];
+    if (version === routing.stable) roles.push("stable");
+    if (version === routing.previous) roles.push("previous");
+    if (routing.canary && version === routing.canary.version) roles.push(`canary ${num(routing.canary.weight, 0)} %`);
+    if (routing.shadow && version === routing.shadow.version) roles.push("shadow");
+    const onDisk = status.available.includes(version);
+    const act = (verb, handler) =>
+      h("button", { type: "button", id: `${card.id}-${verb.toLowerCase()}-${version}`, "aria-label": `${verb} version ${version} of ${card.name}`, onclick: handler }, verb);
+    const buttons = [];
+    if (onDisk && version !== routing.stable) buttons.push(act("Activate", () => confirmActivate(card.name, version, routing.stable)));
+    if (onDisk && !row) buttons.push(act("Load", () => confirmLoad(card.name, version, "load")));
+    if (row && version !== routing.stable) buttons.push(act("Unload", () => confirmLoad(card.name, version, "unload")));
+    return h(
+      "tr",
+      { dataset: { version: String(version) } },
+      h("th", { scope: "row", text: v(version) }),
+      h("td", { dataset: { field: "state" } }, row ? row.state : "on disk, not loaded", row && row.problem ? h("span", { class: "error" }, ` — ${row.problem}`) : null),
+      h("td", { dataset: { field: "leases" }, text: row ? String(row.leases) : "–" }),
+      h("td", { class: "optional", text: onDisk ? "yes" : "no" }),
+      h("td", { dataset: { field: "role" }, text: roles.join(", ") || "–" }),
+      h("td", { class: "buttons" }, buttons),
+    );
+  });
+  return h(
+    "div",
+    { class: "scroll" },
+    h(
+      "table",
+      {},
+      h("caption", { text: `Versions of ${card.name}: loaded ones with their state and in-flight requests, and those on disk` }),
+      h("thead", {}, h("tr", {}, ["Version", "State", "In flight", "On disk", "Role", "Actions"].map((text) => h("th", { scope: "col", class: text === "On disk" ? "optional" : null, text })))),
+      h("tbody", {}, rows),
+    ),
+  );
+}
+
+const FIGURES = [
+  { key: "rps", label: "Requests/s", show: (x) => num(x, 1) },
+  { key: "error_rate", label: "5xx rate", show: (x) => pct(x, 2) },
+  { key: "p50_ms", label: "p50 latency", show: (x) => (x === null || x === undefined ? "–" : `${num(x, 1)} ms`) },
+  { key: "p99_ms", label: "p99 latency", show: (x) => (x === null || x === undefined ? "–" : `${num(x, 1)} ms`) },
+];
+
+function liveTable(card, live, traffic) {
+  const sides = [{ side: "stable", version: live.stable, title: `Stable ${v(live.stable)}` }];
+  if (live.canary) sides.push({ side: "canary", version: live.canary.version, title: `Canary ${v(live.canary.version)} (${num(live.canary.weight, 0)} %)` });
+  const points = (version) => {
+    const series = live.versions.find((item) => item.version === version);
+    return series ? series.points : [];
+  };
+  const latest = (values) => {
+    for (let i = values.length - 1; i >= 0; i -= 1) if (values[i] !== null && values[i] !== undefined) return values[i];
+    return null;
+  };
+  const rows = FIGURES.map((figure) =>
+    h(
+      "tr",
+      {},
+      h("th", { scope: "row", text: figure.label }),
+      sides.map(({ side, version }) => {
+        const series = points(version);
+        const values = series.map((point) => point[figure.key]);
+        const value = figure.key === "rps" ? (values.length ? values[values.length - 1] : null) : latest(values);
+        return h(
+          "td",
+          { dataset: { figure: `${side}-${figure.key}` } },
+          h("span", { class: "value", text: figure.show(value) }),
+          sparkline(values, `${figure.label} of ${v(version)}, last ${live.minutes} minutes`, series.map((point) => point.t)),
+        );
+      }),
+    ),
+  );
+  const parts = [
+    h(
+      "div",
+      { class: "scroll" },
+      h(
+        "table",
+        { class: "figures" },
+        h("caption", { text: `Last ${live.minutes} minutes, a point every ${live.step_s} s (unversioned and pinned requests)` }),
+        h("thead", {}, h("tr", {}, h("th", { scope: "col", text: "Figure" }), sides.map(({ title }) => h("th", { scope: "col", text: title })))),
+        h("tbody", {}, rows),
+      ),
+    ),
+  ];
+  const window = traffic.canary && traffic.canary.window;
+  if (window) {
+    const side = (name) => {
+      const f = window[name] || {};
+      return `${name} ${f.requests ?? 0} requests, ${pct(f.error_rate ?? 0, 1)} 5xx, p99 ${f.p99_ms === null || f.p99_ms === undefined ? "–" : `${num(f.p99_ms, 1)} ms`}`;
+    };
+    parts.push(h("p", { class: "note", dataset: { field: "canary-window" } }, `Rollback window (last ${window.seconds} s, as the gateway judges the canary): ${side("stable")}; ${side("canary")}.`));
+  }
+  if (live.shadow_policy) parts.push(shadowFigures(live));
+  return parts;
+}
+
+function shadowFigures(live) {
+  const recent = live.shadow.slice(-30);
+  const compared = recent.reduce((sum, point) => sum + point.compared, 0);
+  const notCompared = recent.reduce((sum, point) => sum + point.not_compared, 0);
+  const flips = recent.reduce((sum, point) => sum + point.argmax_disagreements, 0);
+  const edges = recent.map((point) => point.divergence_max_le).filter((x) => x !== null && x !== undefined);
+  const worst = edges.length ? Math.max(...edges) : null;
+  const seconds = recent.length * live.step_s;
+  return h(
+    "p",
+    { class: "note shadow", dataset: { field: "shadow-figures" } },
+    `Shadow ${v(live.shadow_policy.version)} over the last ${seconds} s: ${compared} answers compared` +
+      (notCompared ? `, ${notCompared} not compared (dropped, failed or unavailable)` : "") +
+      `, largest divergence ${worst === null ? "–" : `≤ ${worst}`}, argmax disagreements ${flips} `,
+    sparkline(live.shadow.map((point) => point.rps), `Shadow comparisons per second, last ${live.minutes} minutes`, live.shadow.map((point) => point.t)),
+  );
+}
+
+function swapSummary(event) {
+  if (!event) return h("p", { class: "note", text: "No activate or rollback in the audit log yet." });
+  const timings = Object.entries(event.steps || {}).filter(([name]) => !name.startsWith("to_"));
+  const longest = Math.max(...timings.map(([, s]) => s), 1e-9);
+  const bars = h(
+    "ul",
+    { class: "bars", "aria-label": "Step timings" },
+    timings.map(([name, seconds]) => {
+      const bar = h("span", { class: "bar" });
+      bar.style.width = `${Math.max(2, (seconds / longest) * 100)}%`;
+      return h("li", {}, h("span", { class: "step", text: name }), h("span", { class: "track" }, bar), h("span", { class: "seconds", text: ms(seconds) }));
+    }),
+  );
+  const versions = event.versions || {};
+  const flip = event.steps && event.steps.to_flip !== undefined ? `, to flip ${ms(event.steps.to_flip)}` : "";
+  const drained = event.steps && event.steps.to_drained !== undefined ? `, to drained ${ms(event.steps.to_drained)}` : "";
+  return [
+    h("p", {}, `${event.action} ${v(versions.from)} → ${v(versions.to)}: `, h("strong", { class: `result ${event.result}`, text: event.result }), ` at ${utc(event.time)}${flip}${drained}`),
+    bars,
+    event.error ? h("p", { class: "error", text: event.error }) : null,
+    event.detail && event.detail.comparison ? h("p", { class: "note", text: comparison(event.detail.comparison) }) : null,
+  ];
+}
+
+// -- actions ----------------------------------------------------------------------------------------------------
+
+function confirmActivate(model, version, stable) {
+  const compare = h("input", { type: "checkbox", id: "opt-compare", checked: true });
+  const keep = h("input", { type: "checkbox", id: "opt-keep", checked: true });
+  const card = state.cards.get(model);
+  const loaded = card && card.status ? card.status.loaded.some((row) => row.version === version && row.state === "READY") : false;
+  const preview = loaded
+    ? async () => {
+        const answer = await api("POST", `/admin/models/${enc(model)}/versions/${version}/compare`);
+        return comparison(answer.comparison, "Preview: the same requests on both versions, compared");
+      }
+    : async () => `Version ${version} is not loaded: the swap loads it, warms it up and compares it with ${v(stable)} before the flip (the result shows here).`;
+  confirmAction({
+    preview,
+    model,
+    title: `Activate version ${version} of ${model}?`,
+    body: [
+      `Version ${version} is loaded beside ${v(stable)} (unless it is loaded already) and warmed up; then the routing of unversioned requests flips to it atomically. `,
+      `Requests in flight on ${v(stable)} finish there (drain). Any failure before the flip leaves ${v(stable)} serving.`,
+    ],
+    options: [
+      h("label", { class: "check" }, compare, ` Compare its outputs with ${v(stable)}'s before the flip`),
+      h("label", { class: "check" }, keep, ` Keep ${v(stable)} loaded as the previous version (instant rollback)`),
+    ],
+    steps: SWAP_STEPS,
+    call: () => api("POST", `/admin/models/${enc(model)}/versions/${version}/activate`, { compare: compare.checked, keep_previous: keep.checked }),
+  });
+}
+
+function confirmRollback(model) {
+  const card = state.cards.get(model);
+  const previous = card ? card.forms.rollback.textContent.replace("Roll back to ", "") : "the previous version";
+  confirmAction({
+    model,
+    title: `Roll back ${model}?`,
+    body: [`Unversioned requests go back to ${previous} (the previous stable version), with the same swap protocol: load if needed, warm up, flip, drain.`],
+    steps: SWAP_STEPS,
+    call: () => api("POST", `/admin/models/${enc(model)}/rollback`, {}),
+  });
+}
+
+function confirmTraffic(model, version, weight) {
+  const clearing = version === null || !weight;
+  confirmAction({
+    model,
+    title: clearing ? `Clear the canary of ${model}?` : `Send ${weight} % of ${model}'s traffic to version ${version}?`,
+    body: [
+      clearing
+        ? "All unversioned requests go to the stable version again; the canary version stays loaded."
+        : `Version ${version} is loaded and warmed up if it is not, then ${weight} % of unversioned requests go to it. The stable version keeps the rest.`,
+    ],
+    steps: ["load", "warmup", "flip"],
+    call: () => api("PUT", `/admin/models/${enc(model)}/traffic`, clearing ? { canary: null } : { canary: version, weight }),
+  });
+}
+
+function confirmShadow(model, version, percent) {
+  const clearing = version === null || !percent;
+  confirmAction({
+    model,
+    title: clearing ? `Stop shadowing ${model}?` : `Shadow ${percent} % of ${model}'s requests on version ${version}?`,
+    body: [
+      clearing
+        ? "No request is copied to the shadow version any more; it stays loaded."
+        : `A ${percent} % sample of unversioned requests also runs on version ${version}; its answers are compared with the served ones and dropped, never sent.`,
+    ],
+    steps: ["load", "warmup", "flip"],
+    call: () => api("PUT", `/admin/models/${enc(model)}/shadow`, clearing ? { version: null } : { version, sample: percent / 100 }),
+  });
+}
+
+function confirmLoad(model, version, verb) {
+  confirmAction({
+    model,
+    title: `${verb === "load" ? "Load" : "Unload"} version ${version} of ${model}?`,
+    body: [
+      verb === "load"
+        ? `Version ${version} is loaded and warmed up; the routing does not change (requests pinned to /versions/${version} can reach it).`
+        : `Requests in flight on version ${version} finish first; then it is unloaded. The gateway refuses to unload the stable version.`,
+    ],
+    steps: verb === "load" ? ["load", "warmup"] : ["drain", "unload"],
+    call: () => api("POST", `/admin/models/${enc(model)}/versions/${version}/${verb}`, {}),
+  });
+}
+
+function renderSteps(names, progress, finished) {
+  const done = (progress && progress.steps) || {};
+  const list = [...new Set([...names, ...Object.keys(done).filter((name) => !name.startsWith("to_"))])];
+  $("confirm-steps").replaceChildren(
+    ...list.map((name) => {
+      let mark = "pending";
+      if (done[name] !== undefined) mark = "done";
+      else if (progress && progress.step === name && !finished) mark = "running";
+      else if (finished) mark = "skipped";
+      const text = mark === "done" ? `${name}: ${ms(done[name])}` : `${name}: ${mark}`;
+      return h("li", { class: mark, dataset: { step: name } }, text);
+    }),
+  );
+}
+
+function confirmAction({ model, title, body, options = [], steps: names, call, preview = null }) {
+  const dialog = $("confirm");
+  const ok = $("confirm-ok");
+  const cancel = $("confirm-cancel");
+  $("confirm-title").textContent = title;
+  $("confirm-body").replaceChildren(...body.map((text) => h("p", { text })));
+  $("confirm-options").replaceChildren(...options);
+  $("confirm-steps").replaceChildren();
+  $("confirm-progress").textContent = "";
+  $("confirm-result").replaceChildren();
+  $("confirm-preview").textContent = "";
+  const opened = (state.dialogs += 1);
+  ok.hidden = false;
+  ok.disabled = false;
+  if (preview) {
+    // Confirm waits for the preview: the comparison holds the model's action lock while it runs.
+    ok.disabled = true;
+    $("confirm-preview").textContent = "Comparing the outputs before you confirm…";
+    const settle = (text) => {
+      if (opened !== state.dialogs) return;
+      $("confirm-preview").textContent = text;
+      ok.disabled = false;
+    };
+    preview().then(settle, (err) => settle(`No preview — ${err instanceof ApiError ? err.describe() : err.message}`));
+  }
+  cancel.disabled = false;
+  cancel.textContent = "Cancel";
+  const opener = document.activeElement;
+  const openerId = opener ? opener.id : "";
+  let running = false;
+
+  ok.onclick = async () => {
+    running = true;
+    ok.disabled = true;
+    cancel.disabled = true;
+    for (const input of $("confirm-options").querySelectorAll("input")) input.disabled = true;
+    $("confirm-progress").textContent = "Working…";
+    renderSteps(names, null, false);
+    let watching = true;
+    const watch = async () => {
+      while (watching) {
+        try {
+          const status = await api("GET", `/admin/models/${enc(model)}`);
+          if (watching && status.action) {
+            renderSteps(names, status.action, false);
+            $("confirm-progress").textContent = `Step '${status.action.step}'…`;
+          }
+        } catch {
+          // the action's own answer says what went wrong
+        }
+        await new Promise((resolve) => setTimeout(resolve, PROGRESS_MS));
+      }
+    };
+    watch();
+    try {
+      const report = await call();
+      watching = false;
+      renderSteps(names, { steps: report.steps }, true);
+      $("confirm-progress").textContent = `Done: ${report.result}`;
+      $("confirm-result").replaceChildren(...reportLines(report));
+    } catch (err) {
+      watching = false;
+      $("confirm-progress").textContent = "Failed";
+      const message = err instanceof ApiError ? err.describe() : err.message;
+      $("confirm-result").replaceChildren(h("p", { class: "error", role: "alert", dataset: { field: "api-error" } }, message));
+    }
+    running = false;
+    ok.hidden = true;
+    cancel.disabled = false;
+    cancel.textContent = "Close";
+    cancel.focus();
+    restart();
+  };
+  cancel.onclick = () => dialog.close();
+  dialog.oncancel = (event) => {
+    if (running) event.preventDefault(); // Escape does not hide an action that is still running
+  };
+  dialog.onclose = () => {
+    // The opener may have been re-rendered by a refresh since: the same id finds its successor.
+    const again = (openerId && document.getElementById(openerId)) || opener;
+    if (again && again.isConnected) again.focus();
+  };
+  dialog.showModal();
+  cancel.focus();
+}
+
+function reportLines(report) {
+  const versions = report.versions || {};
+  const lines = [h("p", { dataset: { field: "result" } }, h("strong", { class: `result ${report.result}`, text: report.result }), ` — ${report.action} of ${report.model}`)];
+  if ("from" in versions || "to" in versions) lines.push(h("p", { text: `Routing: ${v(versions.from)} → ${v(versions.to)}` }));
+  if (report.routing) {
+    const routing = report.routing;
+    lines.push(h("p", { text: `Now: stable ${v(routing.stable)}, previous ${v(routing.previous)}, canary ${split(routing.canary)}, shadow ${routing.shadow ? `${v(routing.shadow.version)} on ${pct(routing.shadow.sample, 0)}` : "none"} (generation ${routing.generation})` }));
+  }
+  if (report.comparison) lines.push(h("p", { dataset: { field: "comparison" }, text: comparison(report.comparison) }));
+  const timing = steps(report.steps);
+  if (timing) lines.push(h("p", { text: `Steps: ${timing}` }));
+  if (report.steps && report.steps.to_flip !== undefined) lines.push(h("p", { text: `To flip ${ms(report.steps.to_flip)}, to drained ${ms(report.steps.to_drained)}` }));
+  if (report.drained === false) lines.push(h("p", { class: "error", text: `Drain timed out: ${report.in_flight_left} requests were still in flight on the old version.` }));
+  if (report.unloaded && report.unloaded.length) lines.push(h("p", { text: `Unloaded: ${report.unloaded.map(v).join(", ")}` }));
+  if (report.error) lines.push(h("p", { class: "error", text: report.error }));
+  return lines;
+}
+
+// -- events -----------------------------------------------------------------------------------------------------
+
+function eventVersions(event) {
+  const versions = event.versions || {};
+  const detail = event.detail || {};
+  if ("from" in versions || "to" in versions) return `${v(versions.from)} → ${v(versions.to)}`;
+  if (event.action === "traffic") return detail.canary ? `canary ${split(detail.canary)}` : "canary cleared";
+  if (event.action === "shadow") return detail.shadow ? `shadow ${v(detail.shadow.version)} on ${pct(detail.shadow.sample, 0)}` : "shadow cleared";
+  if (event.action === "canary_rollback") return `canary pulled back: ${detail.bound || ""}`;
+  return Object.entries(versions).map(([key, value]) => `${key} ${v(value)}`).join(", ") || "–";
+}
+
+function eventDetail(event) {
+  if (event.error) return h("span", { class: "error", text: event.step ? `at step '${event.step}': ${event.error}` : event.error });
+  const detail = event.detail || {};
+  if (detail.comparison) return comparison(detail.comparison);
+  if (event.generation !== null && event.generation !== undefined) return `routing generation ${event.generation}`;
+  return "";
+}
+
+async function refreshEvents() {
+  if (!state.names.length) state.names = (await api("GET", "/admin/models")).models.map((model) => model.name);
+  const select = $("events-model");
+  const wanted = ["", ...state.names];
+  if ([...select.options].map((option) => option.value).join() !== wanted.join()) {
+    const chosen = select.value;
+    select.replaceChildren(h("option", { value: "" }, "All models"), ...state.names.map((name) => h("option", { value: name }, name)));
+    if (wanted.includes(chosen)) select.value = chosen;
+  }
+  const picked = select.value ? [select.value] : state.names;
+  const lists = await Promise.all(picked.map((name) => api("GET", `/admin/models/${enc(name)}/events?limit=200`)));
+  const events = lists.flatMap((list) => list.events).sort((a, b) => (a.time < b.time ? 1 : a.time > b.time ? -1 : 0));
+  const rows = events.map((event) =>
+    h(
+      "tr",
+      { dataset: { model: event.model, action: event.action } },
+      h("td", {}, h("time", { datetime: event.time, text: utc(event.time) })),
+      h("td", { text: event.model }),
+      h("td", { text: event.action }),
+      h("td", {}, h("span", { class: `result ${event.result}`, text: event.result })),
+      h("td", { text: eventVersions(event) }),
+      h("td", { text: steps(event.steps) || "–" }),
+      h("td", { text: event.actor || "–" }),
+      h("td", {}, eventDetail(event)),
+    ),
+  );
+  const body = $("events-table").tBodies[0];
+  body.replaceChildren(...(rows.length ? rows : [h("tr", {}, h("td", { colspan: "8", text: "No events." }))]));
+}
+
+// -- start ------------------------------------------------------------------------------------------------------
+
+$("login-form").addEventListener("submit", signIn);
+$("sign-out").addEventListener("click", () => {
+  signedOut("Signed out.");
+  history.replaceState(null, "", location.pathname);
+});
+$("events-model").addEventListener("change", () => restart());
+$("events-refresh").addEventListener("click", () => restart());
+window.addEventListener("hashchange", route);
+route();

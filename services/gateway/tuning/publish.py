@@ -1,0 +1,69 @@
+"""``--write``: the winner becomes the model's ``config.pbtxt``. Under the repository's publish lock the old file
+is kept as ``config.pbtxt.bak-<time>``, the new one is written beside it, flushed, and renamed over it (readers see
+the old or the new file, never a part), and the trial table is recorded next to it as ``tune-<time>.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from services.gateway.state.event_log import fsync_folder
+from services.modelrepo.config import read_config, to_text
+from services.modelrepo.layout import CONFIG_FILE, publish_lock
+
+BACKUP_SUFFIX = ".bak-"
+TABLE_PREFIX = "tune-"
+
+
+@dataclass(frozen=True)
+class Published:
+    config: Path
+    backup: Path
+    table: Path
+
+    def to_json(self) -> dict[str, str]:
+        return {"config": str(self.config), "backup": str(self.backup), "table": str(self.table)}
+
+
+class PublishError(Exception):
+    """The config could not be published; nothing changed (the message says what happened)."""
+
+
+def publish(repository: Path, model_dir: Path, config: mc.ModelConfig, table: dict[str, Any]) -> Published:
+    """Blocking: call off the loop. ``config`` must parse back to what is written (checked before the rename)."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"{time.time() % 1:.3f}"[1:].replace(".", "-")
+    target = model_dir / CONFIG_FILE
+    backup = model_dir / f"{CONFIG_FILE}{BACKUP_SUFFIX}{stamp}"
+    table_path = model_dir / f"{TABLE_PREFIX}{stamp}.json"
+    text = to_text(config)
+    with publish_lock(repository):
+        if not target.is_file():
+            raise PublishError(f"{target} is gone; nothing was written")
+        shutil.copy2(target, backup)
+        _replace(target, text)
+        _replace(table_path, json.dumps(table, indent=2) + "\n")
+        fsync_folder(model_dir)
+    if read_config(model_dir) != config:  # what Triton and the gateway will read next
+        raise PublishError(f"{target} does not read back as the config written; the old one is {backup}")
+    return Published(target, backup, table_path)
+
+
+def _replace(path: Path, text: str) -> None:
+    fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,182 @@
+"""The tuner inside the gateway: one run at a time in the background (``POST /admin/models/{m}/tune``), its
+progress and result per model (``GET``), and a cancelled run that unloads its trials when the gateway stops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from services.gateway.backends.triton import TritonBackend
+from services.gateway.errors import Conflict, GatewayError, InvalidInput, ModelNotFound
+from services.gateway.manager import VersionManager
+from services.gateway.state import Event
+from services.gateway.tuning.candidates import applied
+from services.gateway.tuning.hosts import EmbeddedTrials, TrialHost
+from services.gateway.tuning.options import TuneOptions
+from services.gateway.tuning.publish import PublishError, publish
+from services.gateway.tuning.results import Trial, best_p99_ms, closest, pareto_front, score, winner
+from services.gateway.tuning.search import Search, SearchState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TuneRun:
+    model: str
+    version: int
+    options: TuneOptions
+    actor: str
+    state: SearchState = field(default_factory=SearchState)
+    status: str = "running"
+    """``running``, ``succeeded`` (a winner), ``failed`` (none, or an error) or ``cancelled``."""
+    error: str | None = None
+    winner: Trial | None = None
+    published: dict[str, str] | None = None
+    finished_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        trials = self.state.trials
+        defaults = [t for t in trials if t.default and t.round == 1]
+        return {
+            "model": self.model,
+            "version": self.version,
+            "status": self.status,
+            "options": self.options.to_json(),
+            "actor": self.actor,
+            "error": self.error,
+            "winner": self.winner.to_json() if self.winner is not None else None,
+            "winner_throughput": self._score(self.winner),
+            "defaults": defaults[0].to_json() if defaults else None,
+            "defaults_throughput": self._score(defaults[0] if defaults else None),
+            "pareto_front": [t.number for t in pareto_front(trials)],
+            "best_p99_ms": best_p99_ms(trials),
+            "published": self.published,
+            "duration_s": self.finished_s,
+            **self.state.to_json(),
+        }
+
+
+    def _score(self, trial: Trial | None) -> float | None:
+        """Throughput at the highest level, averaged over every run of the trial's settings."""
+        if trial is None:
+            return None
+        return round(score(self.state.trials, trial.candidate, self.options.concurrency[-1]), 1)
+
+
+class TuneService:
+    def __init__(self, manager: VersionManager) -> None:
+        self._manager = manager
+        self._task: asyncio.Task[None] | None = None
+        self._runs: dict[str, TuneRun] = {}
+
+    def start(self, model: str, options: TuneOptions, actor: str) -> TuneRun:
+        """Start a run in the background; 409 while another one runs (trials share the CPU: one at a time)."""
+        entry = self._manager.catalog.entry(model)
+        if self._task is not None and not self._task.done():
+            busy = next((run for run in self._runs.values() if run.status == "running"), None)
+            what = f"model '{busy.model}' is being tuned" if busy else "a tuning run is finishing"
+            raise Conflict(f"{what}; one tuning run at a time: try again when it has finished")
+        if options.in_place and not isinstance(self._manager.backend, TritonBackend):
+            raise InvalidInput("in_place needs the Triton backend; embedded trials always run beside the model")
+        version = options.version
+        if version is None:
+            record = self._manager.router.record(model)
+            version = record.stable if record is not None else max(entry.available, default=None)
+        if version is None or version not in entry.available:
+            raise ModelNotFound(f"model '{model}' has no version {version} in the repository to tune")
+        if entry.config.max_batch_size <= 0:
+            raise InvalidInput(f"model '{model}' does not batch (max_batch_size 0): there is nothing to tune")
+        run = TuneRun(model, version, options, actor)
+        self._runs[model] = run
+        self._task = asyncio.create_task(self._run(run), name=f"tune-{model}")
+        return run
+
+    def status(self, model: str) -> TuneRun:
+        self._manager.catalog.entry(model)
+        run = self._runs.get(model)
+        if run is None:
+            raise ModelNotFound(f"model '{model}' has not been tuned since the gateway started")
+        return run
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self, run: TuneRun) -> None:
+        host = self._host()
+        # The config on disk is what the trials vary and what --write replaces (a run may have written it since the
+        # version loaded): read it again.
+        entry = await asyncio.to_thread(self._manager.catalog.refresh, run.model, run.version)
+        limit = max_instances(entry.config)
+        search = Search(host, entry, run.version, run.options, max_instances=limit, state=run.state)
+        try:
+            trials = await search.run()
+            run.winner = winner(trials, run.options.p99_ms, run.options.concurrency)
+            if run.winner is None:
+                run.status, run.error = "failed", _no_winner(trials, run.options)
+            elif run.options.write:
+                run.published = await self._publish(run, run.winner)
+                run.status = "succeeded"
+            else:
+                run.status = "succeeded"
+        except asyncio.CancelledError:
+            run.status, run.error = "cancelled", "the gateway stopped during the run"
+            raise
+        except (GatewayError, PublishError, OSError) as exc:
+            run.status, run.error = "failed", str(exc)
+            log.warning("tuning '%s' failed: %s", run.model, exc)
+        except Exception as exc:  # a run must end with a status, whatever happened
+            run.status, run.error = "failed", f"tuning failed unexpectedly: {exc}"
+            log.exception("tuning '%s' failed", run.model)
+        finally:
+            run.finished_s = round(time.monotonic() - run.state.started, 2)
+            await host.close()
+
+    async def _publish(self, run: TuneRun, best: Trial) -> dict[str, str]:
+        entry = self._manager.catalog.entry(run.model)
+        config = applied(entry.config, best.candidate)
+        table = {k: v for k, v in run.to_json().items() if k != "published"}
+        done = await asyncio.to_thread(publish, self._manager.catalog.root, entry.path, config, table)
+        await self._manager.record(
+            Event("tune", run.model, "ok", {"version": run.version}, actor=run.actor, detail=done.to_json())
+        )
+        return done.to_json()
+
+    def _host(self) -> TrialHost:
+        backend = self._manager.backend
+        if isinstance(backend, TritonBackend):
+            return backend.trials()
+        return EmbeddedTrials(self._manager.settings)
+
+
+def max_instances(config: mc.ModelConfig) -> int:
+    """The CPU count, or twice the GPU count for a model whose instances run on GPUs."""
+    gpu = any(group.kind == mc.ModelInstanceGroup.KIND_GPU for group in config.instance_group)
+    gpus = len(glob.glob("/dev/nvidia[0-9]*"))
+    return 2 * gpus if gpu and gpus else len(os.sched_getaffinity(0)) or 1
+
+
+def _no_winner(trials: list[Trial], options: TuneOptions) -> str:
+    seen = closest(trials)
+    levels = ", ".join(map(str, options.concurrency))
+    if seen is None:
+        return f"no trial was measured within the {options.budget_s:g} s budget; give it a larger --budget-s"
+    if not any(t.round == 1 and t.error is None for t in trials):
+        return (
+            f"the {options.budget_s:g} s budget measured no setting at every concurrency ({levels}); give it a larger "
+            f"--budget-s (the best p99 seen while screening was {seen.worst_p99_ms:.2f} ms, {seen.candidate.label})"
+        )
+    return (
+        f"no setting met p99 <= {options.p99_ms:g} ms at every concurrency ({levels}); the best p99 seen was "
+        f"{seen.worst_p99_ms:.2f} ms ({seen.candidate.label}, trial {seen.number})"
+    )

@@ -1,0 +1,80 @@
+"""The CLI's rendering of a tuning run, from the admin API's JSON: the trial table and the closing lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+JSONObject = dict[str, Any]
+
+
+def trials_table(run: JSONObject) -> Table:
+    """One row per trial and concurrency level: settings, throughput, p50/p99, server CPU per request."""
+    slo = float(run["options"]["p99_ms"])
+    winner = (run.get("winner") or {}).get("number")
+    front = set(run.get("pareto_front") or [])
+    table = Table(title=f"tuning '{run['model']}' version {run['version']}: p99 <= {slo:g} ms", title_justify="left")
+    for column in ("#", "round", "settings", "clients", "req/s", "p50 ms", "p99 ms", "cpu ms/req", "note"):
+        table.add_column(column, justify="left" if column in ("settings", "note") else "right")
+    for trial in run.get("trials", []):
+        notes = [n for n, on in (("winner", trial["number"] == winner), ("current", trial["default"])) if on]
+        notes += ["front"] if trial["number"] in front else []
+        if trial.get("error"):
+            table.add_row(str(trial["number"]), str(trial["round"]), trial["label"], "", "", "", "", "", trial["error"])
+            continue
+        for index, m in enumerate(trial["measurements"]):
+            p99 = Text(f"{m['p99_ms']:.2f}", style="green" if m["p99_ms"] <= slo and not m["errors"] else "red")
+            note = (", ".join(notes) if index == 0 else "") + (f" {m['errors']} errors" if m["errors"] else "")
+            table.add_row(
+                str(trial["number"]) if index == 0 else "",
+                str(trial["round"]) if index == 0 else "",
+                trial["label"] if index == 0 else "",
+                str(m["concurrency"]),
+                f"{m['throughput']:.0f}",
+                f"{m['p50_ms']:.2f}",
+                p99,
+                f"{m['cpu_ms_per_request']:.3f}",
+                note.strip(),
+            )
+    return table
+
+
+def summary_lines(run: JSONObject) -> list[str]:
+    lines = []
+    curve = (run.get("curve") or {}).get("latency_ms") or {}
+    if curve:
+        points = ", ".join(f"{size}: {ms:.2f}" for size, ms in curve.items())
+        lines.append(f"batch-latency curve (rows: ms): {points}")
+    winner, defaults = run.get("winner"), run.get("defaults")
+    if winner is not None:
+        top = winner["measurements"][-1]
+        lines.append(
+            f"winner: trial {winner['number']} {winner['label']}: {run['winner_throughput']:.0f} req/s at "
+            f"{top['concurrency']} clients (mean of its runs), worst p99 "
+            f"{max(m['p99_ms'] for m in winner['measurements']):.2f} ms"
+        )
+    if defaults is not None:
+        top = defaults["measurements"][-1]
+        lines.append(
+            f"current config.pbtxt: trial {defaults['number']} {defaults['label']}: {run['defaults_throughput']:.0f} "
+            f"req/s at {top['concurrency']} clients (mean of its runs), worst p99 "
+            f"{max(m['p99_ms'] for m in defaults['measurements']):.2f} ms"
+        )
+    published = run.get("published")
+    if published:
+        lines.append(f"written: {published['config']} (old one: {published['backup']}; trials: {published['table']})")
+        lines.append("it applies when the model is next loaded (`switchyard models load|activate`)")
+    elif winner is not None:
+        lines.append("nothing written: run again with --write to publish the winner as config.pbtxt")
+    lines.append(f"{len(run.get('trials', []))} trials in {run.get('duration_s') or run.get('elapsed_s')} s")
+    return lines
+
+
+def progress_line(run: JSONObject) -> str:
+    done = len(run.get("trials", []))
+    return (
+        f"tuning '{run['model']}': {run.get('phase')} - trial {done}/{run.get('planned_trials') or '?'}, "
+        f"{run.get('elapsed_s', 0):.0f} of {run['options']['budget_s']:g} s"
+    )

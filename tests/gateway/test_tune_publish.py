@@ -1,0 +1,71 @@
+"""``--write``: the winner's config replaces config.pbtxt in one rename, the old file is kept as a backup, the trial
+table is recorded beside it, and a reader never sees a partial file; nothing is written when publishing fails."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from services.gateway.tuning.candidates import Candidate, applied
+from services.gateway.tuning.publish import PublishError, publish
+from services.modelrepo.config import read_config, to_text
+from services.modelrepo.layout import CONFIG_FILE
+
+
+def model_folder(root: Path) -> tuple[Path, mc.ModelConfig]:
+    config = mc.ModelConfig(name="m", platform="onnxruntime_onnx", max_batch_size=32)
+    config.instance_group.add(count=2, kind=mc.ModelInstanceGroup.KIND_CPU)
+    config.dynamic_batching.max_queue_delay_microseconds = 2000
+    folder = root / "m"
+    (folder / "1").mkdir(parents=True)
+    (folder / CONFIG_FILE).write_text(to_text(config))
+    return folder, config
+
+
+def test_publish_replaces_config_and_keeps_backup_when_winner_is_written(tmp_path: Path) -> None:
+    folder, config = model_folder(tmp_path)
+    before = (folder / CONFIG_FILE).read_text()
+    tuned = applied(config, Candidate(1, 300, (8,), 16))
+    done = publish(tmp_path, folder, tuned, {"winner": {"number": 4}})
+    assert read_config(folder) == tuned
+    assert done.backup.read_text() == before
+    assert done.backup.name.startswith(f"{CONFIG_FILE}.bak-")
+    assert json.loads(done.table.read_text()) == {"winner": {"number": 4}}
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["1", CONFIG_FILE, done.backup.name, done.table.name])
+
+
+def test_publish_never_shows_partial_config_when_read_while_writing(tmp_path: Path) -> None:
+    folder, config = model_folder(tmp_path)
+    versions = [applied(config, Candidate(n % 3 + 1, n * 10, (), 32)) for n in range(30)]
+    expected = {to_text(config), *(to_text(v) for v in versions)}
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            seen.append((folder / CONFIG_FILE).read_text())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for tuned in versions:
+            publish(tmp_path, folder, tuned, {})
+    finally:
+        stop.set()
+        reader.join()
+    assert len(seen) > 30
+    assert set(seen) <= expected  # every read a whole config, old or new
+    text_format.Parse(seen[-1], mc.ModelConfig())
+
+
+def test_publish_writes_nothing_when_config_is_gone(tmp_path: Path) -> None:
+    folder, config = model_folder(tmp_path)
+    (folder / CONFIG_FILE).unlink()
+    with pytest.raises(PublishError, match="is gone"):
+        publish(tmp_path, folder, config, {})
+    assert [p.name for p in folder.iterdir()] == ["1"]

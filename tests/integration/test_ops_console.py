@@ -1,0 +1,270 @@
+"""The ops console in a real browser (Debian's chromium through Playwright) against a real gateway in its own
+process: sign-in, both example models, an activation and a rollback under load with no failed request, a canary at
+20 % with both sides' figures moving, the audit log; and no request ever leaves the gateway's origin."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, expect
+
+from tests.console_support import PHONE, TOKEN, BackgroundLoad, ConsolePage, admin, chromium, console_page
+from tests.gateway_process import GatewayProcess, gateway_on_copy
+from tests.system_tools import require_tool
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with chromium(require_tool("chromium", "chromium")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def gateway(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """classifier and mlp, versions 1 and 2 loaded; the classifier's stable version set to 1 (2 is the previous)."""
+    with gateway_on_copy(repository, tmp_path_factory.mktemp("console"), token=TOKEN) as running:
+        admin(running.http_url, "POST", "models/classifier/versions/1/activate")
+        yield running
+
+
+def repository_of(gateway: GatewayProcess) -> Path:
+    """The gateway's own copy of the repository (``gateway_on_copy``): a test may change it."""
+    return Path(gateway.command[gateway.command.index("--repository") + 1])
+
+
+@pytest.fixture
+def console(browser: Browser, gateway: GatewayProcess) -> Iterator[ConsolePage]:
+    with console_page(browser, f"http://{gateway.http_url}") as page:
+        yield page
+        assert page.foreign == [], "the console sent requests outside the gateway"
+        assert page.problems == [], "the page logged errors (a CSP violation is one)"
+
+
+def test_console_refuses_sign_in_with_a_clear_message_when_the_token_is_wrong(console: ConsolePage) -> None:
+    console.open()
+    console.sign_in("not-the-token")
+    expect(console.page.locator("#login-error")).to_have_text(
+        "Sign-in refused — HTTP 403: the admin token is not valid"
+    )
+    expect(console.page.locator("#models-view")).to_be_hidden()
+    assert console.token_kept() is None
+    console.sign_in("")
+    expect(console.page.locator("#login-error")).to_have_text("Type the admin token first.")
+    # A token that stops working (the gateway restarted with another one) signs the tab out, saying why.
+    console.page.evaluate("() => sessionStorage.setItem('switchyard.admin-token', 'an-old-token')")
+    console.page.reload()
+    expect(console.page.locator("#login-error")).to_have_text("Signed out — HTTP 403: the admin token is not valid")
+    assert console.token_kept() is None
+
+
+def test_console_checks_catch_a_request_when_the_page_leaves_the_gateway(
+    browser: Browser, gateway: GatewayProcess
+) -> None:
+    """Both checks can fail: the page's CSP refuses a request to another origin (and chromium logs it), and the
+    test's own guard records and aborts one even without the CSP."""
+    leave = "() => fetch('https://cdn.example.com/lib.js').then(() => 'fetched', (err) => 'blocked: ' + err.name)"
+    with console_page(browser, f"http://{gateway.http_url}") as console:
+        console.open()
+        assert console.page.evaluate(leave) == "blocked: TypeError"
+        assert any("Content Security Policy" in problem for problem in console.problems), console.problems
+    with console_page(browser, f"http://{gateway.http_url}", bypass_csp=True) as console:
+        console.open()
+        assert console.page.evaluate(leave) == "blocked: TypeError"
+        assert console.foreign == ["https://cdn.example.com/lib.js"]
+
+
+def test_console_shows_both_example_models_when_signed_in(console: ConsolePage, gateway: GatewayProcess) -> None:
+    console.signed_in()
+    expect(console.model("mlp")).to_be_visible()
+    expect(console.field("classifier", "stable")).to_have_text("v1")
+    expect(console.field("classifier", "previous")).to_have_text("v2")
+    expect(console.field("mlp", "stable")).to_have_text("v2")
+    rows = console.model("classifier").locator("table tbody tr[data-version]")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0).locator('[data-field="state"]')).to_have_text("READY")
+    expect(rows.nth(1).locator('[data-field="role"]')).to_have_text("previous")
+    # A version on disk but not loaded is listed as such, and loads from the page.
+    admin(gateway.http_url, "POST", "models/mlp/versions/1/unload")
+    row = console.model("mlp").locator('tr[data-version="1"]')
+    expect(row.locator('[data-field="state"]')).to_have_text("on disk, not loaded")
+    row.get_by_role("button", name="Load version 1 of mlp").click()
+    console.confirm()
+    console.close_dialog()
+    expect(row.locator('[data-field="state"]')).to_have_text("READY")
+    # The token lives in this tab's sessionStorage only: no cookie, not in the URL.
+    assert console.token_kept() == TOKEN
+    assert console.context.cookies() == []
+    assert TOKEN not in console.page.url
+    assert all(TOKEN not in url for url in console.requests)
+
+
+def test_console_activates_and_rolls_back_without_a_failed_request_when_under_load(
+    console: ConsolePage, gateway: GatewayProcess
+) -> None:
+    console.signed_in()
+    with BackgroundLoad(gateway.http_url) as load:
+        console.page.get_by_role("button", name="Activate version 2 of classifier").click()
+        expect(console.page.locator("#confirm-title")).to_have_text("Activate version 2 of classifier?")
+        expect(console.page.locator("#confirm-preview")).to_contain_text(
+            re.compile(r"^Preview: the same requests on both versions, compared with v1 .* logits: \d")
+        )
+        confirmed = time.monotonic()
+        result = console.confirm()
+        reported = time.monotonic()
+        assert "activate of classifier" in result
+        assert re.search(r"compared with v1 on the warm-up samples before the flip.*logits: \d", result), result
+        console.close_dialog()
+        expect(console.field("classifier", "stable")).to_have_text("v2")
+        expect(console.field("classifier", "previous")).to_have_text("v1")
+        expect(console.model("classifier").locator(".part.last")).to_contain_text("activate v1 → v2: ok")
+        during_activation = load.during(confirmed, reported)
+
+        console.page.get_by_role("button", name="Roll back to v1").click()
+        console.confirm()
+        console.close_dialog()
+        expect(console.field("classifier", "stable")).to_have_text("v1")
+        time.sleep(0.3)
+    print(f"\nbackground load: {len(load.answers)} requests ({len(during_activation)} sent while the activation ran "
+          f"for {reported - confirmed:.2f} s), {len(load.failures())} failed, "
+          f"versions {sorted(v for v in load.versions() if v is not None)}")
+    assert load.failures() == []
+    assert len(during_activation) >= 10  # the activation did run under load
+    assert len(load.answers) > 100
+    assert load.versions() == {1, 2}
+    assert admin(gateway.http_url, "GET", "models/classifier")["routing"]["stable"] == 1  # type: ignore[index]
+
+
+def test_console_shows_both_sides_figures_moving_when_a_canary_takes_20_percent(
+    console: ConsolePage, gateway: GatewayProcess
+) -> None:
+    console.signed_in()
+    card = console.model("classifier")
+    with BackgroundLoad(gateway.http_url) as load:
+        card.get_by_label("Canary version").select_option("2")
+        card.get_by_label("Weight (%)").fill("20")
+        card.get_by_role("button", name="Set canary").click()
+        expect(console.page.locator("#confirm-title")).to_have_text("Send 20 % of classifier's traffic to version 2?")
+        console.confirm()
+        console.close_dialog()
+        expect(console.field("classifier", "canary")).to_have_text("v2 at 20 %")
+        expect(card.locator('th:has-text("Canary v2 (20 %)")')).to_be_visible()
+        seen: list[tuple[float | None, float | None]] = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            seen.append((console.figure("classifier", "stable-rps"), console.figure("classifier", "canary-rps")))
+            if len(seen) > 1 and all(side and side > 0 for side in seen[-1]) and seen[-1] != seen[0]:
+                break
+            time.sleep(0.5)
+        stable_rps, canary_rps = seen[-1]
+        assert stable_rps, seen
+        assert canary_rps, seen
+        assert seen[-1] != seen[0], "the figures did not move"
+        assert 0.05 < canary_rps / (stable_rps + canary_rps) < 0.45, seen  # 20 % give or take a noisy 2 s step
+        assert console.figure("classifier", "canary-p50_ms") is not None
+        assert console.figure("classifier", "stable-p99_ms") is not None
+        expect(card.locator('[data-field="canary-window"]')).to_contain_text("canary")
+        expect(card.locator('td[data-figure="canary-rps"] svg path')).to_have_count(1)
+    admin(gateway.http_url, "PUT", "models/classifier/traffic", {"canary": None})
+    assert load.failures() == []
+    assert {1, 2} <= load.versions()
+
+
+def test_console_shows_the_api_error_verbatim_when_an_action_fails(
+    console: ConsolePage, gateway: GatewayProcess
+) -> None:
+    model_file = repository_of(gateway) / "mlp" / "1" / "model.onnx"
+    original = model_file.read_bytes()
+    admin(gateway.http_url, "POST", "models/mlp/versions/1/unload")
+    model_file.write_bytes(b"not an onnx model")
+    try:
+        console.signed_in()
+        console.model("mlp").get_by_role("button", name="Load version 1 of mlp").click()
+        console.confirm(expect_result="failed")
+        error = console.page.locator('#confirm-result [data-field="api-error"]')
+        expect(error).to_have_text(re.compile(
+            r"^HTTP 422 \(failed at step 'load'\): load of model 'mlp' version 1 failed at step 'load': .+"
+        ))
+        console.close_dialog()
+        state = console.model("mlp").locator('tr[data-version="1"] [data-field="state"]')
+        expect(state).to_contain_text("UNAVAILABLE — loading failed: [ONNXRuntimeError]")  # the backend's problem
+    finally:
+        model_file.write_bytes(original)
+
+
+def test_console_lists_events_newest_first_when_filtered_by_model(
+    console: ConsolePage, gateway: GatewayProcess
+) -> None:
+    console.signed_in()
+    card = console.model("mlp")
+    card.get_by_label("Shadow version").select_option("1")
+    card.get_by_label("Sample (%)").fill("50")
+    card.get_by_role("button", name="Set shadow").click()
+    console.confirm()
+    console.close_dialog()
+    expect(console.field("mlp", "shadow")).to_have_text("v1 on 50 %")
+    card.get_by_role("button", name="Clear shadow").click()
+    console.confirm()
+    console.close_dialog()
+    expect(console.field("mlp", "shadow")).to_have_text("none")
+    console.page.get_by_role("link", name="Events").click()
+    rows = console.page.locator("#events-table tbody tr")
+    expect(rows.first).to_have_attribute("data-model", "mlp")
+    expect(rows.first).to_contain_text("shadow cleared")
+    expect(rows.nth(1)).to_contain_text("shadow v1 on 50 %")
+    expect(console.page.locator('#events-table tbody tr[data-model="classifier"]').first).to_be_visible()
+    times = console.page.locator("#events-table tbody time").evaluate_all("nodes => nodes.map(n => n.dateTime)")
+    assert times == sorted(times, reverse=True)
+
+    console.page.get_by_label("Model", exact=True).select_option("classifier")
+    expect(console.page.locator('#events-table tbody tr[data-model="mlp"]')).to_have_count(0)
+    expect(rows.first).to_have_attribute("data-model", "classifier")
+    expect(console.page.locator('#events-table tbody tr[data-action="startup"]')).to_have_count(1)
+
+
+def test_console_is_usable_by_keyboard_and_on_a_phone_when_acting(browser: Browser, gateway: GatewayProcess) -> None:
+    with console_page(browser, f"http://{gateway.http_url}", viewport=PHONE) as console:
+        console.open()
+        page = console.page
+        expect(page.get_by_label("Admin token")).to_be_focused()  # the sign-in form takes the focus
+        page.keyboard.press("Shift+Tab")
+        expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
+        page.keyboard.press("Tab")
+        page.keyboard.type(TOKEN)
+        page.keyboard.press("Enter")
+        expect(console.model("classifier")).to_be_visible()
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        assert width <= PHONE["width"], f"the page is {width}px wide on a {PHONE['width']}px phone"
+        load = page.get_by_role("button", name="Unload version 2 of classifier")
+        load.focus()
+        page.keyboard.press("Enter")
+        expect(page.locator("#confirm")).to_be_visible()
+        expect(page.get_by_role("button", name="Cancel")).to_be_focused()
+        page.keyboard.press("Escape")
+        expect(page.locator("#confirm")).to_be_hidden()
+        expect(load).to_be_focused()
+        assert console.foreign == []
+        assert console.problems == []
+
+
+def test_console_requests_stay_on_the_gateway_origin_when_every_view_is_used(
+    console: ConsolePage, gateway: GatewayProcess
+) -> None:
+    console.signed_in()
+    console.page.get_by_role("link", name="Events").click()
+    expect(console.page.locator("#events-table tbody tr").first).to_be_visible()
+    console.page.get_by_role("link", name="Models").click()
+    expect(console.model("mlp")).to_be_visible()
+    console.page.get_by_role("button", name="Sign out").click()
+    expect(console.page.get_by_label("Admin token")).to_be_visible()
+    assert console.token_kept() is None
+    own = f"http://{gateway.http_url}/"
+    paths = {url.removeprefix(own).split("?")[0] for url in console.requests}
+    assert {"admin/ui", "admin/ui/console.js", "admin/ui/console.css", "admin/models", "admin/models/mlp/live"} <= paths
+    assert [url for url in console.requests if not url.startswith(own)] == []
+    assert console.foreign == []
