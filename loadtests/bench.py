@@ -1,40 +1,50 @@
-"""`make bench`: in-process onnxruntime vs the gateway (HTTP binary, HTTP JSON, gRPC) vs a naive FastAPI
-endpoint, for both example models, in one run on loopback. Prints a table with the ratios the gateway
-issue targets and writes a PNG (throughput and p99 vs concurrency).
+"""`make bench`: in-process onnxruntime vs the gateway (HTTP binary, HTTP JSON, gRPC) vs a naive FastAPI endpoint
+vs the floors of a Python server (a bare ASGI app and a bare grpc.aio server that parse the request and answer a
+fixed response: http_floor.py, grpc_floor.py) vs a local Triton's own HTTP front end (when `make install` put one
+under .triton/), for both example models, in one run on loopback. Prints a table with each server's CPU per
+request and the ratios the issues target, and writes a PNG (throughput and p99 vs concurrency).
 
-Each gateway/baseline measurement is a bounded closed loop: N clients, each sending its next request
-when the previous answer arrived, for a fixed time after a short warmup. The servers run as separate
-processes; on a small box they share the CPU with this load generator, so modes are measured one after
-the other (alternating gateway and baseline per concurrency level) and compared as ratios.
+Each measurement is a bounded closed loop: N clients, each sending its next request when the previous answer
+arrived, for a fixed time after a short warmup. The servers run as separate processes; on a small box they share
+the CPU with this load generator, so modes are measured one after the other (alternating at each concurrency
+level) and compared as ratios. CPU per request is read from /proc around each run, over warmup and measured time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
-from collections.abc import Awaitable
+import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import uvloop
 from clients import binary_body, json_body, run_grpc, run_http
+from cpu import cpu_seconds, process_group
 from inprocess import run_inprocess
 from naive_app import serve_naive
 from options import bench_parser
 from plot import plot
-from processes import free_port, gateway_command, process
+from processes import free_port, gateway_command, grpc_process, process
 from report import print_report
 from result import Result
 from tritonclient.grpc import service_pb2
 from workload import MODELS, ROOT, ensure_repository, export_first_versions, latest_onnx
 
+from services.tritonlocal import LocalTriton, TritonInstall
 
-async def measure(args: argparse.Namespace, repository: Path, http: str, grpc_target: str, naive: str) -> list[Result]:
+
+async def measure(args: argparse.Namespace, urls: dict[str, str], pids: dict[str, int]) -> list[Result]:
+    """``urls``/``pids`` by server: gateway, grpc (the gateway's gRPC target), naive, floor, grpc-floor, triton."""
     results: list[Result] = []
     rng = np.random.default_rng(1)
+    json_headers = {"Content-Type": "application/json"}
     for model, (name, shape) in MODELS.items():
         row = rng.standard_normal((1, *shape)).astype(np.float32)
         binary, binary_headers = binary_body(name, row)
@@ -43,51 +53,55 @@ async def measure(args: argparse.Namespace, repository: Path, http: str, grpc_ta
         request = service_pb2.ModelInferRequest(model_name=model)
         request.inputs.add(name=name, datatype="FP32", shape=list(row.shape))
         request.raw_input_contents.append(row.tobytes())
-        json_headers = {"Content-Type": "application/json"}
+        infer = f"/v2/models/{model}/infer"
         for concurrency in args.concurrency:
-            # Gateway and baseline alternate at each level so that drift on the shared box hits both.
-            runs: list[tuple[str, Awaitable[tuple[int, float, list[float]]]]] = [
-                (
-                    "http-binary",
-                    run_http(
-                        f"{http}/v2/models/{model}/infer",
-                        binary,
-                        binary_headers,
-                        concurrency,
-                        args.duration,
-                        args.warmup,
-                    ),
-                ),
-                (
-                    "naive-json",
-                    run_http(
-                        f"{naive}/predict/{model}", naive_body, json_headers, concurrency, args.duration, args.warmup
-                    ),
-                ),
-                ("grpc", run_grpc(grpc_target, request, concurrency, args.duration, args.warmup)),
-                (
-                    "http-json",
-                    run_http(
-                        f"{http}/v2/models/{model}/infer", plain, json_headers, concurrency, args.duration, args.warmup
-                    ),
-                ),
+            c, d, w = concurrency, args.duration, args.warmup
+            gateway, floor, naive = urls["gateway"] + infer, urls["floor"] + infer, f"{urls['naive']}/predict/{model}"
+            # Coroutines, started one after the other below: gateway and baselines alternate at each level so that
+            # drift on the shared box hits all alike.
+            runs: list[tuple[str, str, Coroutine[Any, Any, tuple[int, float, list[float]]]]] = [
+                ("http-binary", "gateway", run_http(gateway, binary, binary_headers, c, d, w)),
+                ("naive-json", "naive", run_http(naive, naive_body, json_headers, c, d, w)),
+                ("grpc", "gateway", run_grpc(urls["grpc"], request, c, d, w)),
+                ("floor-json", "floor", run_http(floor, plain, json_headers, c, d, w)),
+                ("http-json", "gateway", run_http(gateway, plain, json_headers, c, d, w)),
+                ("floor-grpc", "grpc-floor", run_grpc(urls["grpc-floor"], request, c, d, w)),
             ]
-            for mode, run in runs:
+            if "triton" in urls:
+                runs.append(("triton-json", "triton", run_http(urls["triton"] + infer, plain, json_headers, c, d, w)))
+            for mode, server, run in runs:
+                # Triton's CPU includes its python-backend stubs, which run in its process group.
+                watched = process_group(pids[server]) if server == "triton" else [pids[server]]
+                before = cpu_seconds(watched)
                 count, seconds, latencies = await run
+                spent = cpu_seconds(watched) - before
                 result = Result(model, mode, concurrency, count, seconds, latencies)
+                # The CPU was read around warmup + measured window: spread it over that many requests.
+                result.cpu_ms = spent * 1e3 / max(result.throughput * (seconds + args.warmup), 1.0)
                 results.append(result)
                 print(
                     f"  {model:<10} {mode:<12} c={concurrency:<3} {result.throughput:8.0f} rows/s "
-                    f"p50 {result.percentile(50):6.2f} ms p99 {result.percentile(99):6.2f} ms",
+                    f"p50 {result.percentile(50):6.2f} ms p99 {result.percentile(99):6.2f} ms "
+                    f"CPU {result.cpu_ms:.3f} ms/req",
                     flush=True,
                 )
     return results
+
+
+def local_triton(repository: Path, logs: Path, wanted: bool) -> contextlib.AbstractContextManager[LocalTriton | None]:
+    """A local CPU Triton serving the examples (python-backend twins running onnxruntime), when one is installed."""
+    if not wanted or not TritonInstall.default().present():
+        if wanted:
+            print("no local Triton under .triton/ (run `make install`): its HTTP front end is left out", flush=True)
+        return contextlib.nullcontext()
+    return LocalTriton(repository, load=tuple(MODELS), derived=logs / "derived", log_file=logs / "tritonserver.log")
 
 
 def main() -> None:
     parser = bench_parser(__doc__, concurrency=[1, 8, 32])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="intra-op threads everywhere")
     parser.add_argument("--plot", type=Path, default=ROOT / "loadtests" / "results" / "bench.png")
+    parser.add_argument("--no-triton", action="store_true", help="leave out the local Triton's HTTP front end")
     parser.add_argument("--serve-naive", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_naive:
@@ -108,36 +122,33 @@ def main() -> None:
                 flush=True,
             )
 
-    http_port, grpc_port, naive_port = free_port(), free_port(), free_port()
+    http_port, grpc_port, naive_port, floor_port, grpc_floor_port = (free_port() for _ in range(5))
     logs = Path(tempfile.mkdtemp(prefix="switchyard-bench-logs-"))
     gateway = gateway_command(repository, http_port, grpc_port)
     # The baseline is this script again, so it runs with the same interpreter and path as the bench.
-    baseline = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--repository",
-        str(repository),
-        "--threads",
-        str(args.threads),
-        "--serve-naive",
-        str(naive_port),
-    ]
-    env_threads = {"SWITCHYARD_INTRA_OP_THREADS": str(args.threads)}
-    os.environ.update(env_threads)
+    baseline = [sys.executable, str(Path(__file__).resolve()), "--repository", str(repository),
+                "--threads", str(args.threads), "--serve-naive", str(naive_port)]  # fmt: skip
+    floor = [sys.executable, str(ROOT / "loadtests" / "http_floor.py"), str(floor_port)]
+    grpc_floor = [sys.executable, str(ROOT / "loadtests" / "grpc_floor.py"), "--answer", str(grpc_floor_port)]
+    os.environ["SWITCHYARD_INTRA_OP_THREADS"] = str(args.threads)
     with (
-        process(gateway, f"http://127.0.0.1:{http_port}/v2/health/ready", logs / "gateway.log"),
-        process(baseline, f"http://127.0.0.1:{naive_port}/health", logs / "naive.log"),
+        local_triton(repository, logs, not args.no_triton) as triton,
+        process(gateway, f"http://127.0.0.1:{http_port}/v2/health/ready", logs / "gateway.log") as gateway_process,
+        process(baseline, f"http://127.0.0.1:{naive_port}/health", logs / "naive.log") as naive_process,
+        process(floor, f"http://127.0.0.1:{floor_port}/", logs / "floor.log") as floor_process,
+        grpc_process(grpc_floor, f"127.0.0.1:{grpc_floor_port}", logs / "grpc-floor.log") as grpc_floor_process,
     ):
-        print("gateway vs naive baseline (closed loop, loopback):")
-        results += uvloop.run(
-            measure(
-                args,
-                repository,
-                f"http://127.0.0.1:{http_port}",
-                f"127.0.0.1:{grpc_port}",
-                f"http://127.0.0.1:{naive_port}",
-            )
-        )
+        urls = {"gateway": f"http://127.0.0.1:{http_port}", "grpc": f"127.0.0.1:{grpc_port}",
+                "naive": f"http://127.0.0.1:{naive_port}", "floor": f"http://127.0.0.1:{floor_port}",
+                "grpc-floor": f"127.0.0.1:{grpc_floor_port}"}  # fmt: skip
+        pids = {"gateway": gateway_process.pid, "naive": naive_process.pid, "floor": floor_process.pid,
+                "grpc-floor": grpc_floor_process.pid}  # fmt: skip
+        if triton is not None:
+            assert triton.pid is not None
+            urls["triton"], pids["triton"] = f"http://{triton.http_url}", triton.pid
+            time.sleep(1.0)  # its python-backend stubs finish starting
+        print("gateway vs baselines (closed loop, loopback):")
+        results += uvloop.run(measure(args, urls, pids))
     print_report(results)
     plot(results, args.plot)
 

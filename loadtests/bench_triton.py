@@ -92,7 +92,8 @@ def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="switchyard-bench-triton-logs-"))
     triton = LocalTriton(repository, load=tuple(MODELS), derived=logs / "derived", log_file=logs / "tritonserver.log")
     http_port, grpc_port, floor_port = free_port(), free_port(), free_port()
-    gateway = gateway_command(repository, http_port, grpc_port, "--backend", "triton", "--triton-url", triton.grpc_url)
+    gateway = gateway_command(repository, http_port, grpc_port, "--backend", "triton", "--triton-url", triton.grpc_url,
+                              "--triton-http-url", triton.http_url)
     os.environ["SWITCHYARD_TRITON_LOCAL_CPU"] = "1"  # serve the python-backend twins this CPU Triton runs
     floor = [sys.executable, str(ROOT / "loadtests" / "grpc_floor.py"), triton.grpc_url, str(floor_port)]
     with (

@@ -21,8 +21,13 @@ class Processes:
         return [self.floor] if mode.startswith("floor") else [] if mode.startswith("triton") else [self.gateway]
 
     def triton_group(self) -> list[int]:
-        group = os.getpgid(self.triton)
-        return [int(p) for p in os.listdir("/proc") if p.isdigit() and _pgid(int(p)) == group]
+        return process_group(self.triton)
+
+
+def process_group(pid: int) -> list[int]:
+    """Every process in ``pid``'s process group (Triton and its python-backend stubs)."""
+    group = os.getpgid(pid)
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _pgid(int(p)) == group]
 
 
 def _pgid(pid: int) -> int | None:

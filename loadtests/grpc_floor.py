@@ -1,9 +1,14 @@
-"""The floor for any gateway written in Python: a grpc.aio pass-through of ``ModelInfer`` that forwards the
-request's bytes to Triton and Triton's bytes back, parsing nothing, checking nothing, counting nothing.
+"""The floors for any gateway written in Python, over gRPC (grpc.aio, the server the gateway runs):
 
-``make bench`` (bench_triton.py) runs it beside the gateway so the gateway's cost over direct Triton splits
-into what one Python gRPC hop costs on this machine and what the gateway adds on top. Not part of the product.
-Usage: ``python loadtests/grpc_floor.py TRITON_HOST:PORT LISTEN_PORT``.
+- ``pass-through``: forwards each ``ModelInfer`` request's bytes to Triton and Triton's bytes back, parsing nothing,
+  checking nothing, counting nothing: what one Python gRPC hop costs in front of Triton (bench_triton.py).
+- ``answer``: parses each request into the protobuf message, reads its first input as a float32 numpy array and
+  answers a prebuilt response: what a gRPC inference call costs in Python before any model runs (bench.py).
+
+``make bench`` runs them beside the gateway so that the gateway's cost splits into what the Python gRPC stack costs
+on this machine and what the gateway adds on top. Not part of the product.
+Usage: ``python loadtests/grpc_floor.py TRITON_HOST:PORT LISTEN_PORT`` or ``python loadtests/grpc_floor.py
+--answer LISTEN_PORT``.
 """
 
 from __future__ import annotations
@@ -12,29 +17,50 @@ import sys
 from typing import Any
 
 import grpc
+import numpy as np
 import uvloop
+from tritonclient.grpc import service_pb2
 
 SERVICE = "inference.GRPCInferenceService"
 
 
-async def serve(target: str, port: int) -> None:
-    channel = grpc.aio.insecure_channel(target)
-    # No serializers: bytes in, bytes out (which is also why mypy cannot infer the types).
-    forward: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(f"/{SERVICE}/ModelInfer")
+def _answer() -> bytes:
+    response = service_pb2.ModelInferResponse(model_name="floor", model_version="1")
+    response.outputs.add(name="y", datatype="FP32", shape=[1, 1])
+    response.raw_output_contents.append(np.zeros(1, np.float32).tobytes())
+    return bytes(response.SerializeToString())
 
-    async def model_infer(request: bytes, context: Any) -> bytes:
-        return await forward(request)
 
-    handler = grpc.method_handlers_generic_handler(
-        SERVICE, {"ModelInfer": grpc.unary_unary_rpc_method_handler(model_infer)}
-    )
+async def serve(port: int, target: str | None) -> None:
+    if target is not None:
+        channel = grpc.aio.insecure_channel(target)
+        # No serializers: bytes in, bytes out (which is also why mypy cannot infer the types).
+        forward: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(f"/{SERVICE}/ModelInfer")
+
+        async def model_infer(request: bytes, context: Any) -> bytes:
+            return await forward(request)
+
+        handler: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(model_infer)
+    else:
+        answer = _answer()
+
+        async def answered(request: Any, context: Any) -> bytes:
+            np.frombuffer(request.raw_input_contents[0], dtype=np.float32)
+            return answer
+
+        handler = grpc.unary_unary_rpc_method_handler(
+            answered, request_deserializer=service_pb2.ModelInferRequest.FromString
+        )
     server = grpc.aio.server()
-    server.add_generic_rpc_handlers((handler,))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"ModelInfer": handler}),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
-    print(f"grpc floor proxy on 127.0.0.1:{port} -> {target}", flush=True)
+    print(f"grpc floor on 127.0.0.1:{port} ({'-> ' + target if target else 'answering itself'})", flush=True)
     await server.wait_for_termination()
 
 
 if __name__ == "__main__":
-    uvloop.run(serve(sys.argv[1], int(sys.argv[2])))
+    if sys.argv[1] == "--answer":
+        uvloop.run(serve(int(sys.argv[2]), None))
+    else:
+        uvloop.run(serve(int(sys.argv[2]), sys.argv[1]))

@@ -16,6 +16,8 @@ class Result:
     seconds: float
     latencies_ms: list[float]
     rows_per_request: int = 1
+    cpu_ms: float | None = None
+    """CPU milliseconds the server process spent per request over the run (None: not measured)."""
 
     @property
     def throughput(self) -> float:

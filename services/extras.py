@@ -10,6 +10,7 @@ from types import ModuleType
 EXTRAS = {
     "export": "torch==2.13.0, onnx and onnxscript: the exporter, and TorchScript models in the embedded backend",
     "gpu": "onnxruntime-gpu: the GPU serving variant",
+    "tune": "matplotlib: the Pareto plot of `switchyard tune`",
     "dev": "test and benchmark tools",
 }
 

@@ -28,6 +28,7 @@ from services.gateway.repository import Catalog, RepositoryError
 from services.gateway.repository_api import RepositoryApi, RepositoryAuth
 from services.gateway.rest import Endpoints, add_routes
 from services.gateway.rest.app import add_v2_routes
+from services.gateway.rest.lane import GatewayApp, InferLane
 from services.gateway.rest.openapi import install_openapi
 from services.gateway.rest.repository_routes import RepositoryEndpoints, add_repository_routes
 from services.gateway.rest.shared_memory import SharedMemoryEndpoints, shared_memory_routes
@@ -62,6 +63,7 @@ def build_backend(
         spinning=settings.intra_op_spinning,
         adaptive_delay=settings.batch_adaptive_delay,
         max_queue=settings.embedded_max_queue,
+        inline_below_s=settings.inline_batch_us / 1e6,
     )
 
 
@@ -155,12 +157,15 @@ def create_app(
             await backend.close()
             await shaper.close()
 
-    app = FastAPI(title="Switchyard gateway", version=SERVER_VERSION, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = GatewayApp(
+        title="Switchyard gateway", version=SERVER_VERSION, lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     app.state.dataplane = dataplane
     app.state.manager = manager
     app.state.live = live
     app.state.grpc_port = None
-    add_routes(app, Endpoints(dataplane, max_body_bytes=settings.max_body_bytes))
+    app.lane = InferLane(dataplane, max_body_bytes=settings.max_body_bytes)
+    add_routes(app, Endpoints(dataplane), app.lane)
     add_admin_routes(app, AdminEndpoints(manager, AdminAuth(settings.admin_token), settings, tuner=tuner))
     add_console_routes(app, Console(manager, AdminAuth(settings.admin_token), live))
     add_repository_routes(app, RepositoryEndpoints(repository_api, max_body_bytes=settings.max_body_bytes))

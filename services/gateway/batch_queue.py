@@ -19,9 +19,14 @@ class QueuedRequest:
     future: asyncio.Future[dict[str, Array]]
     enqueued: float
     deadline: float | None
+    """When it must have left the queue: the caller's deadline or the queue policy's timeout, the sooner."""
     key: tuple[tuple[int, ...], ...]
     rank: int = 0
     """Priority: lower ranks leave the queue first."""
+    expires: float | None = None
+    """The caller's own deadline, which still holds once its batch runs (the queue policy's timeout does not)."""
+    running: bool = False
+    """Set once its batch started."""
 
 
 class RankedQueue:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.gateway.batch_deadlines import QUEUED, BatchDeadlines
 from services.gateway.batch_queue import QueuedRequest, RankedQueue, Tensors
 from services.gateway.errors import DeadlineExceeded, GatewayError, InferenceFailed, Overloaded
 from services.gateway.types import Array
@@ -60,6 +61,7 @@ class DynamicBatcher:
         self._policy = policy
         self._observer = observer
         self._queue = RankedQueue()
+        self._deadlines = BatchDeadlines()
         self._workers: list[asyncio.Task[None]] = []
         self._busy = 0
         # Created in start() so that they belong to the running loop.
@@ -70,6 +72,10 @@ class DynamicBatcher:
         self._target = max(preferred, default=max(policy.max_batch_size, 1)) if policy.merge else 1
         self._preferred = frozenset(preferred)
         self._recent_rows = float(self._target)  # moving average of executed batch sizes
+        self._flush_due = False
+        """Set by the batch being formed's timer: its delay is over."""
+        self._wanted = 0
+        """Queued requests that would wake the worker forming a batch (0: any, as an idle worker wants)."""
 
     async def start(self) -> None:
         self._wakeup, self._forming, self._idle = asyncio.Event(), asyncio.Lock(), asyncio.Condition()
@@ -81,23 +87,28 @@ class DynamicBatcher:
         if self._wakeup is None:
             raise GatewayError("batcher used before start()")
         policy = self._policy
-        if policy.max_queue_size and len(self._queue) >= policy.max_queue_size:
+        queue = self._queue
+        if policy.max_queue_size and len(queue) >= policy.max_queue_size:
             self._make_room(priority)
         now = time.monotonic()
-        limits = [t for t in (timeout_s, policy.default_timeout_s) if t]
-        first = next(iter(inputs.values()))
-        rows = int(first.shape[0]) if policy.max_batch_size > 0 and first.ndim else 1
+        queue_timeout = policy.default_timeout_s
+        limit = min(timeout_s, queue_timeout) if timeout_s and queue_timeout else timeout_s or queue_timeout
+        shapes = [array.shape for array in inputs.values()]
+        first = shapes[0]
         item = QueuedRequest(
             inputs=inputs,
-            rows=rows,
+            rows=first[0] if policy.max_batch_size > 0 and first else 1,
             future=asyncio.get_running_loop().create_future(),
             enqueued=now,
-            deadline=now + min(limits) if limits else None,
-            key=tuple(a.shape[1:] for a in inputs.values()),
+            deadline=now + limit if limit else None,
+            key=tuple([shape[1:] for shape in shapes]),
             rank=priority,
+            expires=now + timeout_s if timeout_s else None,
         )
-        self._queue.append(item)
-        self._wakeup.set()
+        queue.append(item)
+        self._deadlines.watch(item)
+        if len(queue) >= self._wanted:  # a worker waits for a first request, or this one fills its batch
+            self._wakeup.set()
         return await item.future
 
     def _make_room(self, priority: int) -> None:
@@ -124,6 +135,7 @@ class DynamicBatcher:
         for task in self._workers:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
+        self._deadlines.close()
         while self._queue:
             item = self._queue.popleft()
             if not item.future.done():
@@ -156,9 +168,7 @@ class DynamicBatcher:
             if item.future.done():  # the caller gave up (disconnect, deadline)
                 continue
             if item.deadline is not None and now > item.deadline:
-                item.future.set_exception(
-                    DeadlineExceeded("the request's deadline passed while it waited in the batch queue")
-                )
+                item.future.set_exception(DeadlineExceeded(QUEUED))
                 continue
             return item
         return None
@@ -192,30 +202,50 @@ class DynamicBatcher:
         if self._policy.adaptive_delay and self._recent_rows < rows + 0.5:
             delay = 0.0
         flush_at = item.enqueued + delay
-        while rows < self._target:
-            if self._queue:
-                nxt = self._take()
-                if nxt is None:
+        # One timer per batch, not one per arrival: it ends the wait, the arrivals in between only wake the loop.
+        timer: asyncio.TimerHandle | None = None
+        self._flush_due = False
+        try:
+            while rows < self._target:
+                if self._queue:
+                    nxt = self._take()
+                    if nxt is None:
+                        continue
+                    if nxt.key != item.key or rows + nxt.rows > self._policy.max_batch_size:
+                        self._queue.appendleft(nxt)  # it opens the next batch
+                        break
+                    batch.append(nxt)
+                    rows += nxt.rows
                     continue
-                if nxt.key != item.key or rows + nxt.rows > self._policy.max_batch_size:
-                    self._queue.appendleft(nxt)  # it opens the next batch
+                if rows in self._preferred or self._flush_due:
                     break
-                batch.append(nxt)
-                rows += nxt.rows
-                continue
-            remaining = flush_at - time.monotonic()
-            if rows in self._preferred or remaining <= 0:
-                break
-            self._wakeup.clear()
-            try:
-                async with asyncio.timeout(remaining):
-                    await self._wakeup.wait()
-            except TimeoutError:
-                break
+                if timer is None:
+                    remaining = flush_at - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    timer = asyncio.get_running_loop().call_later(remaining, self._flush)
+                # Woken when the queue could fill the batch or the delay is over, not by every arrival: each wake-up
+                # is a task switch, and while a batch forms under load most arrivals would only add one row.
+                self._wanted = self._target - rows
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                self._wanted = 0
+        finally:
+            self._wanted = 0
+            if timer is not None:
+                timer.cancel()
+
+    def _flush(self) -> None:
+        self._flush_due = True
+        assert self._wakeup is not None
+        self._wakeup.set()
 
     async def _run(self, batch: list[QueuedRequest]) -> None:
         started = time.monotonic()
-        rows = sum(item.rows for item in batch)
+        rows = 0
+        for item in batch:
+            item.running = True
+            rows += item.rows
         self._recent_rows = 0.8 * self._recent_rows + 0.2 * rows
         try:
             if len(batch) == 1:

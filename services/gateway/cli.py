@@ -33,6 +33,11 @@ def serve(
     triton_url: Annotated[
         str, typer.Option(help="Triton gRPC endpoint for --backend triton.", envvar="SWITCHYARD_TRITON_URL")
     ] = "127.0.0.1:8101",
+    triton_http_url: Annotated[
+        str,
+        typer.Option(help="Triton HTTP endpoint: inference calls go there (cheaper than gRPC); empty: gRPC.",
+                     envvar="SWITCHYARD_TRITON_HTTP_URL"),
+    ] = "",
     triton_local_cpu: Annotated[
         bool,
         typer.Option(help="Triton is the local CPU build (`switchyard triton`): load python-backend configs.",
@@ -60,6 +65,7 @@ def serve(
             repository=repository,
             backend=backend,  # type: ignore[arg-type]
             triton_url=triton_url,
+            triton_http_url=triton_http_url,
             host=host,
             port=port,
             grpc_port=grpc_port,

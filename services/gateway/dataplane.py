@@ -61,6 +61,7 @@ class DataPlane:
         self.hops = Hops()
         self.regions = regions if regions is not None else SharedMemoryRegions(enabled=False)
         """The clients' shared-memory regions (the extension is off unless the app passes an enabled registry)."""
+        self._timed_by_backend: bool = getattr(backend, "enforces_deadlines", False)  # test doubles may not say
 
     async def live(self) -> bool:
         """The gateway answering is its liveness. A dead backend makes it unready, not dead: a liveness
@@ -122,7 +123,8 @@ class DataPlane:
             version = self.router.route(model, request.version, header)
             # Admitted: from here until the answer is ready the version cannot be drained away (a request waiting
             # for a concurrency slot holds it too: it will be served by the version it was routed to).
-            self.leases.acquire(model, version)
+            leases = self.leases
+            leases.acquire(model, version)
             try:
                 metadata = await self.backend.metadata(model, version)
                 validate(request, metadata)
@@ -130,8 +132,9 @@ class DataPlane:
                     check_room(request, metadata)  # before the model runs, when the shapes tell
                 response = await self._admitted(request, version)
             finally:
-                self.leases.release(model, version)
-            response.outputs = self._select(request, response)
+                leases.release(model, version)
+            if request.outputs is not None:
+                response.outputs = self._select(request, response)
             if request.output_regions:
                 place_outputs(request, response.outputs)
         except Exception as exc:
@@ -148,7 +151,7 @@ class DataPlane:
             raise error from exc
         elapsed = time.perf_counter() - started
         self.hops.served(model, version, elapsed)
-        series = self.metrics.served(model, str(version), protocol)
+        series = self.metrics.served(model, version, protocol)
         series.ok.inc()
         series.duration.observe(elapsed)
         self.metrics.tenant(request.tenant, "200").inc()
@@ -202,37 +205,40 @@ class DataPlane:
         return error
 
     async def _admitted(self, request: InferRequest, version: int) -> InferResponse:
-        """Deadline, then the model's concurrency gate, then the backend with what is left of the budget."""
+        """Deadline, then the model's concurrency gate, then the backend with what is left of the budget. The
+        backend call is timed: what the gateway adds around it is its hop (``Hops``)."""
         deadline = request.deadline
         if deadline is not None and time.monotonic() >= deadline:
             raise self._expired(request, "before it could be queued")
         gate = self.shaper.gate(request.model)
-        if gate is None:
-            return await self._call(request, version)
-        await gate.enter(request.priority, deadline)
-        began = time.monotonic()
-        try:
-            return await self._call(request, version)
-        finally:
-            gate.leave(time.monotonic() - began)
-
-    async def _call(self, request: InferRequest, version: int) -> InferResponse:
-        """The backend call, timed: what the gateway adds around it is its hop (``Hops``)."""
-        deadline = request.deadline
+        if gate is not None:
+            await gate.enter(request.priority, deadline)
         began = time.perf_counter()
-        if deadline is None:
-            response = await self.backend.infer(request, version=version, timeout_s=None, priority=request.priority)
-        else:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise self._expired(request, "while it waited for a free slot")
-            try:
-                async with asyncio.timeout(remaining):
+        try:
+            if deadline is None:
+                response = await self.backend.infer(request, version=version, timeout_s=None, priority=request.priority)
+            else:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._expired(request, "while it waited for a free slot")
+                if self._timed_by_backend:
                     response = await self.backend.infer(
                         request, version=version, timeout_s=remaining, priority=request.priority
                     )
-            except TimeoutError:
-                raise self._expired(request, "") from None
+                else:
+                    async with asyncio.timeout(remaining):
+                        response = await self.backend.infer(
+                            request, version=version, timeout_s=remaining, priority=request.priority
+                        )
+        except TimeoutError:
+            raise self._expired(request, "") from None
+        except DeadlineExceeded:  # the backend's own timer: told like the dataplane's
+            if deadline is None or time.monotonic() < deadline:
+                raise
+            raise self._expired(request, "") from None
+        finally:
+            if gate is not None:
+                gate.leave(time.perf_counter() - began)
         self.hops.backend(request.model, version, time.perf_counter() - began)
         return response
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from services.gateway.tallies import Tallies
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SWAP_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 DIVERGENCE_BUCKETS = (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0)
@@ -26,35 +28,32 @@ class ServedSeries:
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self._served: dict[tuple[str, str, str], ServedSeries] = {}
+        self._served: dict[tuple[str, int, str], ServedSeries] = {}
         self._backend: dict[tuple[str, str], Any] = {}
         self._tenants: dict[tuple[str, str], Any] = {}
-        self.requests = Counter(
+        hot = Tallies(registry)  # the series each request updates: lock-free (see tallies.py)
+        self.requests = hot.counter(
             "switchyard_requests_total",
             "Inference requests by outcome; code is the HTTP status (gRPC answers map to the same codes).",
             ["model", "version", "protocol", "code"],
-            registry=registry,
         )
-        self.request_duration = Histogram(
+        self.request_duration = hot.histogram(
             "switchyard_request_duration_seconds",
             "Time from a decoded request to its response, inside the gateway.",
             ["model", "version"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
         )
-        self.backend_duration = Histogram(
+        self.backend_duration = hot.histogram(
             "switchyard_backend_duration_seconds",
             "Time the backend spent executing the (batched) request.",
             ["model", "version"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = hot.histogram(
             "switchyard_queue_wait_seconds",
             "Time a request waited in the dynamic batcher's queue.",
             ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
         )
         self.inflight = Gauge(
             "switchyard_inflight_requests",
@@ -62,11 +61,10 @@ class GatewayMetrics:
             ["model", "version"],
             registry=registry,
         )
-        self.tenant_requests = Counter(
+        self.tenant_requests = hot.counter(
             "switchyard_tenant_requests_total",
             "Inference requests by API-key tenant (\"anonymous\" without keys) and HTTP status code.",
             ["tenant", "code"],
-            registry=registry,
         )
         self.queued = Gauge(
             "switchyard_admission_waiting",
@@ -93,12 +91,11 @@ class GatewayMetrics:
             ["model", "reason"],
             registry=registry,
         )
-        self.batch_size = Histogram(
+        self.batch_size = hot.histogram(
             "switchyard_batch_size",
             "Rows per executed batch (embedded backend); its count is the number of executions.",
             ["model"],
-            buckets=BATCH_BUCKETS,
-            registry=registry,
+            BATCH_BUCKETS,
         )
         self.active_version = Gauge(
             "switchyard_active_version",
@@ -151,14 +148,15 @@ class GatewayMetrics:
             registry=registry,
         )
 
-    def served(self, model: str, version: str, protocol: str) -> ServedSeries:
-        """Looked up once per model version and protocol: ``labels()`` costs a lock and a tuple per call."""
+    def served(self, model: str, version: int, protocol: str) -> ServedSeries:
+        """Looked up once per model version and protocol."""
         key = (model, version, protocol)
         series = self._served.get(key)
         if series is None:
+            label = str(version)
             series = self._served[key] = ServedSeries(
-                ok=self.requests.labels(model, version, protocol, "200"),
-                duration=self.request_duration.labels(model, version),
+                ok=self.requests.labels(model, label, protocol, "200"),
+                duration=self.request_duration.labels(model, label),
             )
         return series
 

@@ -40,6 +40,7 @@ def uvicorn_config(settings: Settings, app: ASGIApp, *, log_level: str | None = 
         # uvicorn annotates int; call_later takes seconds as a float, and sub-second values serve tests.
         timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
         headers=keep_alive,
+        server_header=False,  # no product banner to fingerprint (and one header less per answer)
         lifespan="on",
         log_level=log_level or settings.log_level,
         access_log=settings.access_log,

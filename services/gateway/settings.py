@@ -18,6 +18,10 @@ class Settings(BaseSettings):
     """``embedded``: onnxruntime / TorchScript in this process; ``triton``: forward to a Triton server."""
     triton_url: str = "127.0.0.1:8101"
     """Triton's gRPC endpoint (host:port) when ``backend`` is ``triton``."""
+    triton_http_url: str = ""
+    """Triton's HTTP endpoint (host:port): when set, inference calls go there (binary tensors on kept-alive
+    connections: a fraction of a gRPC call's CPU in the gateway); health, model control and statistics stay on
+    gRPC. Empty: inference over gRPC too."""
     triton_control_timeout_s: float = 5.0
     """Client timeout of Triton health, repository-index and configuration calls."""
     triton_infer_timeout_s: float = 60.0
@@ -79,6 +83,9 @@ class Settings(BaseSettings):
     batch_adaptive_delay: bool = True
     """Spend a model's ``max_queue_delay_microseconds`` only while recent batches were bigger than the
     one being formed (False: always wait for it, exactly as Triton does)."""
+    inline_batch_us: float = 200.0
+    """Embedded backend: run a batch on the event loop's thread when it is expected to take less than this many
+    microseconds (a tiny model), instead of handing it to the version's worker threads (0: always hand it over)."""
     max_body_bytes: int = 64 * 1024 * 1024
     """Largest inference request body accepted, checked while it streams in (HTTP 413 / gRPC
     RESOURCE_EXHAUSTED above it)."""
@@ -163,10 +170,13 @@ class Settings(BaseSettings):
             "rate_limit_rps": self.rate_limit_rps, "default_timeout_ms": self.default_timeout_ms,
             "max_timeout_ms": self.max_timeout_ms, "header_timeout_s": self.header_timeout_s,
             "body_timeout_s": self.body_timeout_s, "keep_alive_s": self.keep_alive_s,
+            "inline_batch_us": self.inline_batch_us,
         }
         for name, number in seconds.items():
             if not number >= 0:  # NaN too
                 raise ValueError(f"SWITCHYARD_{name.upper()} must be 0 or more, got {number}")
+        if self.triton_http_url and not _host_port(self.triton_http_url):
+            raise ValueError(f"SWITCHYARD_TRITON_HTTP_URL must be host:port, got {self.triton_http_url!r}")
         if self.max_connections < 1:
             raise ValueError(f"SWITCHYARD_MAX_CONNECTIONS must be at least 1, got {self.max_connections}")
         if not 1 <= self.priority_levels <= 100:
@@ -177,3 +187,8 @@ class Settings(BaseSettings):
                 f"({self.priority_levels}), got {self.default_priority}"
             )
         return self
+
+
+def _host_port(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isascii() and port.isdigit() and 0 < int(port) < 65536

@@ -35,6 +35,13 @@ class ModelMetadata:
     max_batch_size: int
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    input_specs: Mapping[str, TensorSpec] = field(init=False, repr=False, compare=False)
+    """``inputs`` by name, built once: every request is validated against it."""
+    output_names: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_specs", {spec.name: spec for spec in self.inputs})
+        object.__setattr__(self, "output_names", frozenset(spec.name for spec in self.outputs))
 
     def served_shape(self, spec: TensorSpec) -> list[int]:
         """The shape as the v2 metadata endpoints report it: batch dim -1 first when the model batches."""
@@ -97,7 +104,7 @@ class InferOutput:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.data.shape)
+        return self.data.shape  # numpy's shape is a tuple of Python ints already
 
 
 @dataclass(slots=True)

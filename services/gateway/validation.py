@@ -2,35 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import NoReturn
+
 from services.gateway.errors import InvalidInput
-from services.gateway.types import InferRequest, ModelMetadata, TensorSpec
+from services.gateway.types import InferInput, InferRequest, ModelMetadata, TensorSpec
 
 
 def validate(request: InferRequest, metadata: ModelMetadata) -> None:
     """Raise ``InvalidInput`` naming the tensor, with what was expected and what came."""
-    specs = {spec.name: spec for spec in metadata.inputs}
-    seen: set[str] = set()
-    for tensor in request.inputs:
+    specs = metadata.input_specs
+    inputs = request.inputs
+    batching = metadata.max_batch_size > 0
+    for tensor in inputs:
         spec = specs.get(tensor.name)
         if spec is None:
             raise InvalidInput(
                 f"unexpected input '{tensor.name}' for model '{metadata.name}'; expected inputs: {_names(specs)}"
             )
-        if tensor.name in seen:
-            raise InvalidInput(f"input '{tensor.name}' is given more than once")
-        seen.add(tensor.name)
         if tensor.datatype != spec.datatype:
             raise InvalidInput(f"input '{tensor.name}': expected datatype {spec.datatype}, got {tensor.datatype}")
-        _check_shape(tensor.name, tensor.shape, spec, metadata)
-    missing = [name for name in specs if name not in seen]
-    if missing:
-        raise InvalidInput(f"missing input(s) {', '.join(repr(m) for m in missing)} for model '{metadata.name}'")
-    if metadata.max_batch_size > 0:
-        batches = {tensor.shape[0] for tensor in request.inputs}
-        if len(batches) > 1:
-            raise InvalidInput(f"inputs disagree on the batch size: got {sorted(batches)}")
+        _check_shape(tensor, spec, metadata, batching)
+    if len(inputs) != len(specs) or len(inputs) > 1:
+        _check_names(inputs, metadata)
     if request.outputs is not None:
-        known = {spec.name for spec in metadata.outputs}
+        known = metadata.output_names
         for name in request.outputs:
             if name not in known:
                 raise InvalidInput(
@@ -39,21 +35,44 @@ def validate(request: InferRequest, metadata: ModelMetadata) -> None:
                 )
 
 
-def _check_shape(name: str, shape: tuple[int, ...], spec: TensorSpec, metadata: ModelMetadata) -> None:
-    expected = metadata.served_shape(spec)
-    dims = shape
+def _check_names(inputs: list[InferInput], metadata: ModelMetadata) -> None:
+    """Each input given once, none missing, one batch size for all (each input's own checks passed)."""
+    seen: set[str] = set()
+    for tensor in inputs:
+        if tensor.name in seen:
+            raise InvalidInput(f"input '{tensor.name}' is given more than once")
+        seen.add(tensor.name)
+    missing = [name for name in metadata.input_specs if name not in seen]
+    if missing:
+        raise InvalidInput(f"missing input(s) {', '.join(repr(m) for m in missing)} for model '{metadata.name}'")
     if metadata.max_batch_size > 0:
-        if len(shape) != len(spec.dims) + 1:
-            raise InvalidInput(f"input '{name}': expected shape {expected}, got {list(shape)}")
+        batches = {tensor.shape[0] for tensor in inputs}
+        if len(batches) > 1:
+            raise InvalidInput(f"inputs disagree on the batch size: got {sorted(batches)}")
+
+
+def _check_shape(tensor: InferInput, spec: TensorSpec, metadata: ModelMetadata, batching: bool) -> None:
+    shape = tensor.shape
+    dims = spec.dims
+    if batching:
+        if len(shape) != len(dims) + 1:
+            _wrong_shape(tensor, spec, metadata)
         if shape[0] < 1 or shape[0] > metadata.max_batch_size:
             raise InvalidInput(
-                f"input '{name}': batch size {shape[0]} is outside 1..{metadata.max_batch_size} "
+                f"input '{tensor.name}': batch size {shape[0]} is outside 1..{metadata.max_batch_size} "
                 f"(max_batch_size of model '{metadata.name}')"
             )
-        dims = shape[1:]
-    if len(dims) != len(spec.dims) or any(want not in (-1, got) for want, got in zip(spec.dims, dims, strict=True)):
-        raise InvalidInput(f"input '{name}': expected shape {expected}, got {list(shape)}")
+        shape = shape[1:]
+    if len(shape) != len(dims):
+        _wrong_shape(tensor, spec, metadata)
+    for want, got in zip(dims, shape, strict=True):
+        if want != got and want != -1:
+            _wrong_shape(tensor, spec, metadata)
 
 
-def _names(specs: dict[str, TensorSpec]) -> str:
+def _wrong_shape(tensor: InferInput, spec: TensorSpec, metadata: ModelMetadata) -> NoReturn:
+    raise InvalidInput(f"input '{tensor.name}': expected shape {metadata.served_shape(spec)}, got {list(tensor.shape)}")
+
+
+def _names(specs: Mapping[str, TensorSpec]) -> str:
     return ", ".join(repr(name) for name in specs)

@@ -111,6 +111,7 @@ def test_compose_gateway_waits_for_healthy_triton_and_redis_when_parsed(services
                                      "redis": {"condition": "service_healthy"}}
     assert gateway["environment"]["SWITCHYARD_BACKEND"] == "triton"
     assert gateway["environment"]["SWITCHYARD_TRITON_URL"] == "triton:8001"
+    assert gateway["environment"]["SWITCHYARD_TRITON_HTTP_URL"] == "triton:8000"
     assert gateway["environment"]["SWITCHYARD_REDIS_URL"] == "redis://redis:6379/0"
     assert gateway["environment"]["SWITCHYARD_HOST"] == "0.0.0.0"
     assert gateway["environment"]["SWITCHYARD_REPOSITORY"] == "/models"

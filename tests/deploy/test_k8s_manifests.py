@@ -88,6 +88,7 @@ def test_k8s_gateway_is_configured_for_triton_and_redis_when_parsed() -> None:
     config = named("ConfigMap", "gateway-config")["data"]
     assert config["SWITCHYARD_BACKEND"] == "triton"
     assert config["SWITCHYARD_TRITON_URL"] == "triton:8001"
+    assert config["SWITCHYARD_TRITON_HTTP_URL"] == "triton:8000"
     assert config["SWITCHYARD_REDIS_URL"] == "redis://redis:6379/0"
     assert "SWITCHYARD_ADMIN_TOKEN" not in config
     services = {item["metadata"]["name"]: item for item in applied() if item["kind"] == "Service"}

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import tritonclient.grpc as grpcclient
 
 from services.gateway import Settings
@@ -72,3 +77,56 @@ async def started_backend(
     backend = TritonBackend(catalog, settings, transform=transform)
     await backend.start({name: entry.selected for name, entry in catalog.entries.items() if entry.available})
     return backend
+
+
+async def wait_for_queue(server: LocalTriton, model: str, pending: int) -> None:
+    """Until Triton reports ``pending`` requests of version 1 waiting in its queue (its own gauge)."""
+    series = f'nv_inference_pending_request_count{{model="{model}",version="1"}}'
+    deadline = time.monotonic() + 10.0
+    async with httpx.AsyncClient(trust_env=False, timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            for line in (await client.get(server.metrics_url)).text.splitlines():
+                if line.startswith(series) and float(line.split()[-1]) >= pending:
+                    return
+            await asyncio.sleep(0.01)
+    raise AssertionError(f"Triton never queued {pending} requests of {model}")
+
+
+class TcpRelay:
+    """Forwards connections on a free local port to ``target`` until ``cut()``, which closes the listener and every
+    relayed connection: the model server's HTTP front end vanishing under the gateway, with nothing mocked."""
+
+    def __init__(self, target: str) -> None:
+        host, _, port = target.rpartition(":")
+        self._target = (host, int(port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self._sockets: list[socket.socket] = []
+        self._cut = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        self._cut.set()
+        for sock in [self._listener, *self._sockets]:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _accept(self) -> None:
+        while not self._cut.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self._target)
+            self._sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)

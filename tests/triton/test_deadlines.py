@@ -16,7 +16,7 @@ import tritonclient.grpc.aio as grpcaio
 from services.gateway.testing import RunningGateway
 from services.tritonlocal import LocalTriton
 from tests.triton.proxy import RecordingProxy
-from tests.triton.support import gateway_settings, local_gateway, statistics
+from tests.triton.support import gateway_settings, local_gateway, statistics, wait_for_queue
 from tests.tritonlocal.support import sample
 
 BUDGET_US = 100_000
@@ -42,19 +42,6 @@ def proxied_gateway(proxy: RecordingProxy, repository: Path) -> Iterator[Running
     url = f"127.0.0.1:{proxy.port}"
     with local_gateway(gateway_settings(url, repository)) as running:
         yield running
-
-
-async def wait_for_queue(server: LocalTriton, model: str, pending: int) -> None:
-    """Until Triton reports ``pending`` requests of version 1 waiting in its queue (its own gauge)."""
-    series = f'nv_inference_pending_request_count{{model="{model}",version="1"}}'
-    deadline = time.monotonic() + 10.0
-    async with httpx.AsyncClient(trust_env=False, timeout=2.0) as client:
-        while time.monotonic() < deadline:
-            for line in (await client.get(server.metrics_url)).text.splitlines():
-                if line.startswith(series) and float(line.split()[-1]) >= pending:
-                    return
-            await asyncio.sleep(0.01)
-    raise AssertionError(f"Triton never queued {pending} requests of {model}")
 
 
 async def test_request_gets_504_and_triton_its_timeout_when_budget_expires_in_triton_queue(

@@ -182,4 +182,6 @@ def add_console_routes(app: FastAPI, console: Console) -> None:
         ("/admin/models/{model_name}/versions/{model_version}/compare", console.compare, "POST"),
     ]
     for path, handler, method in routes:
-        app.router.routes.append(Route(path, handler, methods=[method]))
+        # The page and its files are not API: out of the OpenAPI document (the JSON routes are in it).
+        page = path.startswith("/admin/ui")
+        app.router.routes.append(Route(path, handler, methods=[method], include_in_schema=not page))

@@ -29,7 +29,6 @@ def add_admin_routes(app: FastAPI, endpoints: AdminEndpoints) -> None:
     ]
     for path, handler, method in routes:
         app.router.routes.append(Route(path, handler, methods=[method]))
-    # The tuner's routes; out of the OpenAPI document until rest/openapi.py describes them.
     tune = "/admin/models/{model_name}/tune"
     for handler, method in ((endpoints.tune_start, "POST"), (endpoints.tune_status, "GET")):
-        app.router.routes.append(Route(tune, handler, methods=[method], include_in_schema=False))
+        app.router.routes.append(Route(tune, handler, methods=[method]))

@@ -22,6 +22,10 @@ class Backend(Protocol):
     """Whether other gateways drive the same model server (Triton): then one replica loads a version and the others
     ``adopt`` it; an embedded backend runs its own copies, and every replica loads them itself."""
 
+    enforces_deadlines: bool
+    """Whether ``infer`` itself fails with ``DeadlineExceeded`` once ``timeout_s`` has passed (the embedded batcher's
+    timer, Triton's gRPC deadline): then the dataplane arms no timer of its own around the call."""
+
     async def adopt(self, model: str, versions: Collection[int]) -> None:
         """Another gateway changed the model's versions on the shared server: want exactly ``versions`` (what the
         routing record says the gateways keep loaded) from now on, without asking the server for anything."""

@@ -16,12 +16,13 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 from services.extras import MissingExtra
 from services.gateway import repository
 from services.gateway.backends.base import describe_problem
+from services.gateway.backends.placement import Placement
 from services.gateway.backends.runners import Runner, UnsupportedModel, build_runner, check_supported, runtime_inputs
 from services.gateway.batcher import BatchPolicy, DynamicBatcher, ExecutedBatch, Observer
 from services.gateway.errors import GatewayError, ModelNotFound, ModelNotReady
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.statistics import VersionStatistics
-from services.gateway.types import Array, InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
+from services.gateway.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
 from services.modelrepo import layout
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class _Version:
     """The config this version was loaded with (a re-exported config.pbtxt applies to the next load)."""
     batcher: DynamicBatcher | None = None
     pool: ThreadPoolExecutor | None = None
+    placement: Placement | None = None
     problem: str | None = None
     statistics: VersionStatistics = field(default_factory=VersionStatistics)
     """Counted from this load on: a version loaded again starts afresh, as in Triton."""
@@ -57,8 +59,10 @@ class EmbeddedBackend:
         spinning: bool = False,
         adaptive_delay: bool = True,
         max_queue: int = 1024,
+        inline_below_s: float = 0.0,
     ) -> None:
         self._max_queue = max_queue
+        self._inline_below_s = inline_below_s
         self._catalog = catalog
         self._metrics = metrics
         self._threads = intra_op_threads
@@ -67,6 +71,7 @@ class EmbeddedBackend:
         self._versions: dict[str, dict[int, _Version]] = {}
 
     shared_server = False
+    enforces_deadlines = True  # the batcher fails a request at its deadline, queued or running
 
     async def adopt(self, model: str, versions: Collection[int]) -> None:
         """Every gateway runs its own copies: nothing to adopt."""
@@ -133,16 +138,15 @@ class EmbeddedBackend:
             slot.problem = f"loading failed: {exc}"
             raise GatewayError(f"loading model '{model}' version {version} failed: {exc}", 503) from exc
 
-        loop = asyncio.get_running_loop()
-
-        async def execute(inputs: dict[str, Array]) -> dict[str, Array]:
-            return await loop.run_in_executor(pool, runner.run, inputs)
-
+        placement = Placement(
+            runner.run, pool, batching=config.max_batch_size > 0, inline_below_s=self._inline_below_s
+        )
         slot.batcher = DynamicBatcher(
-            execute,
+            placement.execute,
             _policy(config, instances, self._adaptive_delay, self._max_queue),
             self._observer(model, version, slot.statistics),
         )
+        slot.placement = placement
         slot.pool = pool
         await slot.batcher.start()
         slot.state = VersionState.READY
@@ -171,24 +175,29 @@ class EmbeddedBackend:
     async def infer(
         self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
     ) -> InferResponse:
-        slot = self._slot(request.model, version)
-        if slot.state is not VersionState.READY or slot.batcher is None:
+        versions = self._versions.get(request.model)
+        slot = versions.get(version) if versions is not None else None
+        if slot is None:
+            slot = self._slot(request.model, version)  # raises, naming what is missing
+        batcher = slot.batcher
+        if slot.state is not VersionState.READY or batcher is None:
             raise ModelNotReady(f"model '{request.model}' version {version} is not ready")
         inputs = runtime_inputs(slot.config, request.model, request.inputs)  # BYTES as the runtime's text
         statistics, began = slot.statistics, time.perf_counter()
         try:
-            outputs = await slot.batcher.submit(inputs, timeout_s=timeout_s, priority=priority)
+            outputs = await batcher.submit(inputs, timeout_s=timeout_s, priority=priority)
         except (Exception, asyncio.CancelledError):  # refused, expired, cancelled or failed: Triton's "fail"
             statistics.failed(time.perf_counter() - began)
             raise
+        metadata = slot.metadata
         first = request.inputs[0].data if request.inputs else None
-        rows = int(first.shape[0]) if slot.metadata.max_batch_size > 0 and first is not None and first.ndim else 1
+        rows = int(first.shape[0]) if metadata.max_batch_size > 0 and first is not None and first.ndim else 1
         statistics.succeeded(rows, time.perf_counter() - began)
         return InferResponse(
             model=request.model,
             version=version,
             id=request.id,
-            outputs=[InferOutput(spec.name, spec.datatype, outputs[spec.name]) for spec in slot.metadata.outputs],
+            outputs=[InferOutput(spec.name, spec.datatype, outputs[spec.name]) for spec in metadata.outputs],
         )
 
     async def statistics(self, model: str | None, version: int | None) -> list[service_pb2.ModelStatistics]:

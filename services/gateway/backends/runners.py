@@ -98,7 +98,7 @@ class TorchScriptRunner:
 
 def runtime_inputs(config: model_config_pb2.ModelConfig, model: str, inputs: list[InferInput]) -> dict[str, Array]:
     """A request's inputs keyed by name as the model's runtime takes them: BYTES decoded to ``str``."""
-    if all(tensor.datatype != BYTES for tensor in inputs):
+    if BYTES not in [tensor.datatype for tensor in inputs]:
         return {tensor.name: tensor.data for tensor in inputs}
     torchscript = layout.platform(config) == layout.TORCHSCRIPT_PLATFORM
     found = {}

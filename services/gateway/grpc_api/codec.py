@@ -67,16 +67,18 @@ def decode_request(message: Any, regions: TensorRegions = NO_REGIONS) -> InferRe
         for tensor, params in zip(message.inputs, shared, strict=True)
     ]
     params = message.parameters
-    timeout = _natural(params, "timeout")  # microseconds, as in Triton; tritonclient sends an int64_param
+    timeout = _natural(params, "timeout") if params else None  # microseconds, as in Triton (int64_param)
+    outputs = message.outputs
+    raw_version = message.model_version
     return InferRequest(
         model=message.model_name,
-        version=versions.parse_version(message.model_version),
+        version=versions.parse_version(raw_version) if raw_version else None,
         inputs=inputs,
         id=message.id,
-        outputs=tuple(o.name for o in message.outputs) if len(message.outputs) else None,
+        outputs=tuple([o.name for o in outputs]) if outputs else None,
         timeout_s=timeout / 1e6 if timeout else None,
-        priority=_natural(params, "priority") or 0,  # tritonclient sends a uint64_param
-        output_regions=output_regions(message.outputs, regions),
+        priority=(_natural(params, "priority") or 0) if params else 0,  # tritonclient sends a uint64_param
+        output_regions=output_regions(outputs, regions) if outputs else {},
     )
 
 
@@ -85,7 +87,8 @@ def _decode_input(tensor: Any, raw: bytes | None) -> InferInput:
     shape = checked_shape(tensor.shape, name)
     dtype = numpy_dtype(datatype, name)
     count = math.prod(shape)
-    given = [fd.name for fd, _ in tensor.contents.ListFields()]  # only the non-empty fields
+    # only the non-empty fields (the common raw case has no contents message at all: skip the listing)
+    given = [fd.name for fd, _ in tensor.contents.ListFields()] if tensor.HasField("contents") else []
     if raw is not None:
         if given:  # which one would the client mean? Triton refuses this too
             raise InvalidInput(

@@ -144,11 +144,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         started = time.monotonic()
         dataplane = self._dataplane
         shaper = dataplane.shaper
-        lookup = _metadata(context)
+        lookup = _Metadata(context).get
         tenant = ANONYMOUS
+        limits = None
         try:
-            tenant = shaper.authenticate(lookup("x-api-key"))
-            limits = await shaper.rate_limit(tenant, request.model_name)
+            if shaper.keys.enabled:
+                tenant = shaper.authenticate(lookup("x-api-key"))
+            if shaper.limiter is not None:
+                limits = await shaper.rate_limit(tenant, request.model_name)
             decoded = decode_request(request, tensor_regions(dataplane.regions, tenant))
             decoded.tenant = tenant
             budget = shaper.deadlines.budget(decoded.timeout_s, None, context.time_remaining())
@@ -167,16 +170,23 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return encode_response(response)
 
 
-def _metadata(context: grpc.aio.ServicerContext[Any, Any]) -> Callable[[str], str | None]:
-    """The call's metadata as a header lookup, read only when a sticky canary asks for it."""
+class _Metadata:
+    """The call's metadata as a header lookup, read only when asked (an API key, a sticky canary)."""
 
-    def lookup(name: str) -> str | None:
-        for key, value in context.invocation_metadata() or ():
+    __slots__ = ("_context",)
+
+    def __init__(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        self._context = context
+
+    def get(self, name: str) -> str | None:
+        for key, value in self._context.invocation_metadata() or ():
             if key == name:
                 return str(value)
         return None
 
-    return lookup
+
+def _metadata(context: grpc.aio.ServicerContext[Any, Any]) -> Callable[[str], str | None]:
+    return _Metadata(context).get
 
 
 async def _guard(context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[T]]) -> T:

@@ -3,8 +3,6 @@ failure the v2 error shape."""
 
 from __future__ import annotations
 
-import logging
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 
 from fastapi import FastAPI, Request, Response
@@ -13,13 +11,13 @@ from starlette.routing import Route
 
 from services.gateway.errors import GatewayError
 from services.gateway.rest.endpoints import Endpoints
-from services.gateway.rest.responses import error_response, gateway_error_response
+from services.gateway.rest.lane import InferLane, LaneEndpoint
+from services.gateway.rest.responses import error_response, gateway_error_response, internal_error
 
-log = logging.getLogger(__name__)
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def add_routes(app: FastAPI, endpoints: Endpoints) -> None:
+def add_routes(app: FastAPI, endpoints: Endpoints, lane: InferLane) -> None:
     routes: list[tuple[str, Handler, str]] = [
         ("/v2", endpoints.server_metadata, "GET"),
         ("/v2/health/live", endpoints.live, "GET"),
@@ -35,11 +33,13 @@ def add_routes(app: FastAPI, endpoints: Endpoints) -> None:
         ("/v2/models/{model_name}/versions/{model_version}/ready", endpoints.model_ready, "GET"),
         ("/v2/models/{model_name}/config", endpoints.model_config, "GET"),
         ("/v2/models/{model_name}/versions/{model_version}/config", endpoints.model_config, "GET"),
-        ("/v2/models/{model_name}/infer", endpoints.infer, "POST"),
-        ("/v2/models/{model_name}/versions/{model_version}/infer", endpoints.infer, "POST"),
         ("/metrics", endpoints.metrics, "GET"),
     ]
     add_v2_routes(app, routes)
+    # Answered by the lane before FastAPI sees them (GatewayApp); listed so that other methods get 405, as in Triton.
+    endpoint = LaneEndpoint(lane)
+    for path in ("/v2/models/{model_name}/infer", "/v2/models/{model_name}/versions/{model_version}/infer"):
+        app.router.routes.append(Route(path, endpoint, methods=["POST"]))
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)
@@ -62,17 +62,9 @@ def _guarded(handler: Handler) -> Handler:
         except GatewayError as exc:
             return gateway_error_response(exc)
         except Exception as exc:
-            return _internal_error(request, exc)
+            return internal_error(request.method, request.url.path, exc)
 
     return guarded
-
-
-def _internal_error(request: Request, exc: Exception) -> Response:
-    request_id = uuid.uuid4().hex[:16]
-    log.error("request %s: unexpected error on %s %s", request_id, request.method, request.url.path, exc_info=exc)
-    response = error_response(f"internal server error (request id {request_id})", 500)
-    response.headers["X-Request-Id"] = request_id
-    return response
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
@@ -86,4 +78,4 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
-    return _internal_error(request, exc)
+    return internal_error(request.method, request.url.path, exc)

@@ -1,33 +1,54 @@
 """Reads a request body while it streams in, refusing it as soon as it outgrows the limit: a chunked body (no
-Content-Length) is never read whole before the size check."""
+Content-Length) is never read whole before the size check. Works on the raw ASGI ``receive`` so that the inference
+lane and Starlette routes (``request.receive``) share it."""
 
 from __future__ import annotations
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive
 
 from services.gateway.errors import InvalidInput, PayloadTooLarge
 
 
-def check_length(request: Request, limit: int) -> None:
+def check_length(declared: bytes | str | None, limit: int) -> None:
     """413 from the declared ``Content-Length`` alone, before a byte of the body is read."""
-    declared = request.headers.get("content-length")
     if declared is None:
         return
-    if not (declared.isascii() and declared.isdigit()):
-        raise InvalidInput(f"Content-Length must be a number of bytes, got {declared[:40]!r}")
-    if len(declared) > 18 or int(declared) > limit:
-        raise _too_large(f"request body of {declared} bytes exceeds the {limit} byte limit")
+    text = declared if isinstance(declared, str) else declared.decode("latin-1")
+    if not (text.isascii() and text.isdigit()):
+        raise InvalidInput(f"Content-Length must be a number of bytes, got {text[:40]!r}")
+    if len(text) > 18 or int(text) > limit:
+        raise _too_large(f"request body of {text} bytes exceeds the {limit} byte limit")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(f"request body exceeds the {limit} byte limit ({size} bytes received so far)")
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The whole body; ``ClientDisconnect`` when the client went away before it arrived."""
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientDisconnect
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):  # the common case: one message, no copy
+        _check_size(len(body), limit)
+        return body
+    chunks = [body]
+    size = len(body)
+    while True:
+        _check_size(size, limit)
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        chunk = message.get("body", b"")
         chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            break
+    _check_size(size, limit)
+    return b"".join(chunks)
+
+
+def _check_size(size: int, limit: int) -> None:
+    if size > limit:
+        raise _too_large(f"request body exceeds the {limit} byte limit ({size} bytes received so far)")
 
 
 def _too_large(message: str) -> PayloadTooLarge:

@@ -38,6 +38,14 @@ class OutputFormat:
         return self.binary.get(name, self.binary_default)
 
 
+ABSENT = object()
+JSON = OutputFormat(False)
+BINARY = OutputFormat(True)
+"""Shared formats of requests that name no outputs (frozen, never changed)."""
+NO_TARGETS: dict[str, RegionSlice] = {}
+"""Shared by requests that name no outputs; nothing writes to it."""
+
+
 def decode_request(
     body: bytes, header_length: str | None, model: str, version: int | None, regions: TensorRegions = NO_REGIONS
 ) -> tuple[InferRequest, OutputFormat]:
@@ -50,13 +58,23 @@ def decode_request(
         inputs.append(tensor)
     if offset != len(body):
         raise InvalidInput(f"binary data has {len(body) - offset} bytes not claimed by any input's binary_data_size")
-    params = _object(header.get("parameters", {}), "'parameters'")
-    binary_default = _flag(params, "binary_data_output", "")
-    requested, fmt, targets = _decode_outputs(header.get("outputs"), binary_default, regions)
+    raw_params = header.get("parameters", ABSENT)
+    if raw_params is ABSENT:  # the common case: nothing to read (a null is refused below, as any non-object)
+        params: dict[str, Any] = {}
+        binary_default, timeout, priority = False, None, 0
+    else:
+        params = _object(raw_params, "'parameters'")
+        binary_default = _flag(params, "binary_data_output", "")
+        timeout = _natural(params, "timeout", " (microseconds)")
+        priority = _natural(params, "priority", "") or 0
+    raw_outputs = header.get("outputs")
+    if raw_outputs is None:
+        requested, fmt, targets = None, BINARY if binary_default else JSON, NO_TARGETS
+    else:
+        requested, fmt, targets = _decode_outputs(raw_outputs, binary_default, regions)
     request_id = header.get("id", "")
-    if not isinstance(request_id, str):  # Triton's protocol has a string id; echoing a repr would invent one
+    if type(request_id) is not str:  # Triton's protocol has a string id; echoing a repr would invent one
         raise InvalidInput(f"'id' must be a string, got {described(request_id)}")
-    timeout = _natural(params, "timeout", " (microseconds)")
     request = InferRequest(
         model=model,
         version=version,
@@ -64,7 +82,7 @@ def decode_request(
         id=request_id,
         outputs=requested,
         timeout_s=timeout / 1e6 if timeout else None,
-        priority=_natural(params, "priority", "") or 0,
+        priority=priority,
         parameters=params,
         output_regions=targets,
     )
@@ -75,20 +93,18 @@ def encode_response(response: InferResponse, fmt: OutputFormat) -> tuple[bytes, 
     """The response body and, when binary outputs follow the JSON, the JSON header's length."""
     outputs: list[dict[str, Any]] = []
     buffers: list[memoryview] = []
+    binary_default, binary = fmt.binary_default, fmt.binary
     for output in response.outputs:
-        entry: dict[str, Any] = {
-            "name": output.name,
-            "datatype": output.datatype,
-            "shape": list(output.shape),
-        }
+        data = output.data
+        entry: dict[str, Any] = {"name": output.name, "datatype": output.datatype, "shape": data.shape}
         if output.region is not None:  # written into the client's shared memory: named there, not sent
             entry["parameters"] = output.region.parameters()
-        elif fmt.is_binary(output.name) or not has_json_form(output.data):  # Triton would write invalid JSON
-            data = as_bytes(output.data)
-            entry["parameters"] = {"binary_data_size": data.nbytes}
-            buffers.append(data)
+        elif binary.get(output.name, binary_default) or (data.dtype.kind == "O" and not has_json_form(data)):
+            raw = as_bytes(data)  # BYTES that are not UTF-8 go binary: Triton would write invalid JSON
+            entry["parameters"] = {"binary_data_size": raw.nbytes}
+            buffers.append(raw)
         else:
-            entry["data"] = to_json(output.data)
+            entry["data"] = to_json(data)
         outputs.append(entry)
     head: dict[str, Any] = {"model_name": response.model, "model_version": str(response.version)}
     if response.id:
@@ -141,7 +157,12 @@ def _decode_input(raw: object, body: bytes, offset: int, regions: TensorRegions)
         )
     shape = checked_shape(raw_shape, name)
     dtype = numpy_dtype(datatype, name)
-    params = _object(item.get("parameters", {}), f"input '{name}': 'parameters'")
+    raw_params = item.get("parameters", ABSENT)
+    if raw_params is ABSENT:  # the common case: JSON data, nothing else to read
+        if "data" not in item:
+            raise InvalidInput(f"input '{name}': needs 'data' or a binary_data_size parameter")
+        return InferInput(name, datatype, shape, from_json(item["data"], shape, dtype, datatype, name)), offset
+    params = _object(raw_params, f"input '{name}': 'parameters'")
     if names_region(params):
         has_data = "data" in item or "binary_data_size" in params
         return regions.input(name, datatype, shape, params, has_data=has_data), offset

@@ -14,6 +14,8 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from services.gateway.rest.one_write import OneWrite
+
 log = logging.getLogger(__name__)
 
 
@@ -124,6 +126,9 @@ class DeadlineProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         self._phase = Phase.BODY
+        cycle = self.cycle
+        if cycle is not None:  # None for an upgrade request, which leaves this protocol
+            cycle.transport = OneWrite(self.transport, self.loop)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -272,7 +272,23 @@ def _admin_paths() -> Json:
                                              body="UnloadOptions", parameters=versioned)},
         "/admin/repository/scan": {"post": _admin("adminScan", "Rescan the model repository", "AdminReport",
                                                   ("409", "503"), parameters=())},
+        f"{model}/live": {"get": _admin("adminLive", "Per-version requests/s, 5xx rate and p50/p99 over the last "
+                                        "minutes (query: minutes, step)", "AdminReport", ("400", "404"))},
+        f"{version}/compare": {"post": _admin("adminCompare", "Compare a loaded version's outputs with the stable "
+                                              "one's; changes nothing", "AdminReport", action, parameters=versioned)},
+        f"{model}/tune": {
+            "post": _accepted(_admin("adminTuneStart", "Start tuning the model's batching and instances in the "
+                                     "background (body: p99_ms, concurrency, duration_s, budget_s, write, ...)",
+                                     "AdminReport", ("400", "404", "409", "503"))),
+            "get": _admin("adminTuneStatus", "The tuning run's progress and result", "AdminReport", ("404", "503")),
+        },
     }
+
+
+def _accepted(spec: Json) -> Json:
+    """An admin call that answers 202 (started in the background) instead of 200."""
+    spec["responses"]["202"] = spec["responses"].pop("200")
+    return spec
 
 
 def paths() -> Json:

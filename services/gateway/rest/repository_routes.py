@@ -66,8 +66,8 @@ class RepositoryEndpoints:
 
     async def _body(self, request: Request, allowed: set[str]) -> Json:
         """The optional JSON object of a repository request, with only the ``allowed`` keys."""
-        check_length(request, self._max_body)
-        raw = await read_body(request, self._max_body)
+        check_length(request.headers.get("content-length"), self._max_body)
+        raw = await read_body(request.receive, self._max_body)
         if not raw.strip():
             return {}
         try:

@@ -1,13 +1,17 @@
-"""A JSON response that skips Starlette's JSON re-validation and uses compact separators."""
+"""The answers every REST route shares: compact JSON without Starlette's re-validation, the v2 error shape, a 500."""
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Any
 
 import orjson
 from starlette.responses import Response
 
 from services.gateway.errors import GatewayError
+
+log = logging.getLogger(__name__)
 
 
 class JSONBytesResponse(Response):
@@ -34,4 +38,13 @@ def gateway_error_response(error: GatewayError) -> Response:
         headers["X-Request-Id"] = error.request_id
     for name, value in error.headers.items():
         headers[name] = value
+    return response
+
+
+def internal_error(method: str, path: str, exc: BaseException) -> Response:
+    """A bug's answer: a generic 500 naming a request id, under which the cause is logged once."""
+    request_id = uuid.uuid4().hex[:16]
+    log.error("request %s: unexpected error on %s %s", request_id, method, path, exc_info=exc)
+    response = error_response(f"internal server error (request id {request_id})", 500)
+    response.headers["X-Request-Id"] = request_id
     return response

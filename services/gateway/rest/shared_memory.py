@@ -37,7 +37,7 @@ class SharedMemoryEndpoints:
 
     async def system_register(self, request: Request) -> Response:
         tenant = self._tenant(request)
-        key, offset, byte_size = _register_body(await read_body(request, MAX_BODY_BYTES))
+        key, offset, byte_size = _register_body(await read_body(request.receive, MAX_BODY_BYTES))
         await self._regions.register(tenant, request.path_params["region_name"], key, offset, byte_size)
         return Response(status_code=200)
 

@@ -29,6 +29,8 @@ _NUMBERS = frozenset({float, int})
 _INTEGERS = frozenset({int})
 _BOOLS = frozenset({bool})
 _STRINGS = frozenset({str})
+_FP32 = np.dtype(np.float32)
+_FP32_MAX = float(np.finfo(np.float32).max)
 _FLOAT_WORDS = 'numbers (or "NaN", "Infinity", "-Infinity")'
 
 
@@ -52,13 +54,14 @@ def to_json(array: Array) -> Array | list[Any]:
             raise ValueError("BYTES that are not UTF-8 have no JSON form")
         return strings
     flat = np.ascontiguousarray(array).reshape(-1)
-    if flat.dtype.kind == "f" and np.count_nonzero(np.isfinite(flat)) != flat.size:
+    kind = flat.dtype.kind
+    if kind == "f" and np.count_nonzero(np.isfinite(flat)) != flat.size:
         values: list[Any] = flat.tolist()
         for index in np.flatnonzero(~np.isfinite(flat)).tolist():
             value = values[index]
             values[index] = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
         return values
-    if flat.dtype.kind in "fiub" and flat.dtype != np.float16:
+    if kind in "fiub" and flat.dtype != np.float16:
         return flat
     return flat.tolist()
 
@@ -98,6 +101,10 @@ def _converted(values: list[Any], kinds: set[type], dtype: np.dtype[Any], dataty
         if not kinds <= _NUMBERS:
             values = [NON_FINITE.get(v, v) if type(v) is str else v for v in values]
             _check_kinds(values, set(map(type, values)), _NUMBERS, _FLOAT_WORDS, datatype, tensor)
+        elif dtype == _FP32:  # the common case, in one conversion: values far inside the range pass as they are
+            fast = _fp32(values)
+            if fast is not None:
+                return fast
         return narrow(np.asarray(values, dtype=np.float64), dtype, datatype, tensor)
     if dtype.kind == "b":
         _check_kinds(values, kinds, _BOOLS, "true or false", datatype, tensor)
@@ -109,6 +116,14 @@ def _converted(values: list[Any], kinds: set[type], dtype: np.dtype[Any], dataty
         check_range(min(values), max(values), dtype, datatype, tensor)
         return np.asarray(values, dtype=dtype)
     return narrow(wide, dtype, datatype, tensor)
+
+
+def _fp32(numbers: list[Any]) -> Array | None:
+    """The numbers as FP32 in one conversion when all lie within its range (JSON numbers are finite), else ``None``:
+    the exact path then names the value that does not fit. The bounds are two C-speed passes over the list."""
+    if numbers and not (min(numbers) >= -_FP32_MAX and max(numbers) <= _FP32_MAX):
+        return None
+    return np.asarray(numbers, dtype=np.float32)
 
 
 def _check_kinds(

@@ -21,8 +21,11 @@ class Deadlines:
 
     def budget(self, timeout_s: float | None, header_ms: str | None, call_remaining_s: float | None) -> float | None:
         """Seconds the request may take in all: the shortest it names anywhere, cut to the maximum."""
-        asked = [t for t in (timeout_s, _header_seconds(header_ms), call_remaining_s) if t is not None]
-        budget = min(asked) if asked else self.default_s
+        if timeout_s is None and header_ms is None and call_remaining_s is None:
+            budget = self.default_s  # nearly every request: nothing to compare
+        else:
+            asked = [t for t in (timeout_s, _header_seconds(header_ms), call_remaining_s) if t is not None]
+            budget = min(asked) if asked else self.default_s
         if budget is not None and self.max_s is not None:
             budget = min(budget, self.max_s)
         return budget

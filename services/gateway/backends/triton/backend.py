@@ -24,6 +24,7 @@ from services.gateway.backends.triton.channels import TritonChannels, open_chann
 from services.gateway.backends.triton.configs import ConfigTransform, identity, warn_if_single_instance
 from services.gateway.backends.triton.errors import TritonErrors
 from services.gateway.backends.triton.health import TritonHealth
+from services.gateway.backends.triton.http_pool import HttpPool
 from services.gateway.backends.triton.shared_memory import TritonSharedMemory
 from services.gateway.backends.triton.statistics import read_statistics
 from services.gateway.backends.triton.trials import TritonTrials
@@ -77,6 +78,7 @@ class TritonBackend(TritonHealth):
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     shared_server = True
+    enforces_deadlines = True  # every call carries its deadline as the gRPC deadline (calls.py)
 
     async def adopt(self, model: str, versions: Collection[int]) -> None:
         """Another gateway drove this model's versions on the shared Triton: want ``versions`` from now on, so that
@@ -104,6 +106,9 @@ class TritonBackend(TritonHealth):
         self._channels = open_channels(self._settings)
         self._control = ModelControl(self._channels.client)
         self._calls.channels = self._channels
+        if self._settings.triton_http_url:
+            host, _, port = self._settings.triton_http_url.rpartition(":")
+            self._calls.http = HttpPool(host, int(port))
         await self._sync(force_reload=True)
         if not self._live:
             log.warning("Triton at %s is not reachable; its models load once it answers", self._settings.triton_url)
@@ -124,6 +129,9 @@ class TritonBackend(TritonHealth):
         if self._channels is not None:
             await self._channels.close()
             self._channels = self._control = self._calls.channels = None
+        if self._calls.http is not None:
+            self._calls.http.close()
+            self._calls.http = None
         self._live = False
 
     async def live(self) -> bool:

@@ -12,7 +12,9 @@ from services.gateway.backends.circuit import CircuitBreaker
 from services.gateway.backends.triton.channels import TritonChannels
 from services.gateway.backends.triton.codec import infer_request, infer_response
 from services.gateway.backends.triton.errors import TritonErrors
-from services.gateway.errors import DeadlineExceeded, Overloaded
+from services.gateway.backends.triton.http_codec import http_request, http_response
+from services.gateway.backends.triton.http_pool import HttpPool
+from services.gateway.errors import DeadlineExceeded, GatewayError, Overloaded
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import Settings
 from services.gateway.types import InferRequest, InferResponse
@@ -29,6 +31,9 @@ class TritonCalls:
         self._inflight = 0
         self.channels: TritonChannels | None = None
         """Set by the backend once connected, cleared when it closes."""
+        self.http: HttpPool | None = None
+        """Set by the backend when inference goes over HTTP (``triton_http_url``)."""
+        self._host = settings.triton_http_url.encode()
 
     async def infer(
         self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
@@ -42,6 +47,9 @@ class TritonCalls:
             breaker.release()
             raise Overloaded(f"{self._inflight} requests are already in flight to Triton")
         forward = self._settings.triton_shared_memory
+        http = self.http
+        if http is not None and not forward:
+            return await self._over_http(http, request, version, timeout_s, priority)
         message = infer_request(request, version, timeout_s, priority, forward=forward)
         self._inflight += 1
         started = time.monotonic()
@@ -55,19 +63,59 @@ class TritonCalls:
                 async with asyncio.timeout(self._settings.triton_infer_timeout_s):
                     reply = await channels.infer(message)
         except TimeoutError:
-            breaker.record_failure()  # a Triton that sits on a call this long is not healthy
-            limit = self._settings.triton_infer_timeout_s
-            raise DeadlineExceeded(f"Triton did not answer model '{request.model}' within {limit:g} s") from None
+            raise self._silent(request) from None
         except grpc.RpcError as exc:
             code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else "UNKNOWN"
             details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
             raise self._errors.infer_error(code, str(details or ""), request.model, version, timeout_s) from None
         except OSError as exc:
-            breaker.record_failure()
-            raise self._errors.unavailable(f"Triton at {self._settings.triton_url} is unreachable: {exc}") from None
+            raise self._unreachable(exc) from None
         finally:
             self._inflight -= 1
-        breaker.record_success()
+        self._succeeded(request, version, started)
+        return infer_response(reply, request, version, forward=forward)
+
+    async def _over_http(
+        self, http: HttpPool, request: InferRequest, version: int, timeout_s: float | None, priority: int
+    ) -> InferResponse:
+        head, parts = http_request(request, version, timeout_s, priority, self._host)
+        self._inflight += 1
+        started = time.monotonic()
+        try:
+            # One timer either way: the request's deadline (Triton gets it as its queue timeout too), or the
+            # safety net against a Triton that never answers.
+            limit = timeout_s if timeout_s is not None else self._settings.triton_infer_timeout_s
+            async with asyncio.timeout(limit):
+                reply = await http.call(head, parts)
+        except TimeoutError:
+            if timeout_s is None:
+                raise self._silent(request) from None
+            self._breaker.release()
+            raise DeadlineExceeded(
+                f"request to model '{request.model}' version {version} did not finish within its "
+                f"{timeout_s * 1e3:.1f} ms deadline"
+            ) from None
+        except OSError as exc:
+            raise self._unreachable(exc) from None
+        finally:
+            self._inflight -= 1
+        answer = http_response(reply.status, reply.header_length, reply.body, request, version)
+        if isinstance(answer, tuple):
+            code, message = answer
+            raise self._errors.infer_error(code, message, request.model, version, timeout_s)
+        self._succeeded(request, version, started)
+        return answer
+
+    def _succeeded(self, request: InferRequest, version: int, started: float) -> None:
+        self._breaker.record_success()
         if self._metrics is not None:
             self._metrics.backend_time(request.model, str(version)).observe(time.monotonic() - started)
-        return infer_response(reply, request, version, forward=forward)
+
+    def _silent(self, request: InferRequest) -> DeadlineExceeded:
+        self._breaker.record_failure()  # a Triton that sits on a call this long is not healthy
+        limit = self._settings.triton_infer_timeout_s
+        return DeadlineExceeded(f"Triton did not answer model '{request.model}' within {limit:g} s")
+
+    def _unreachable(self, exc: OSError) -> GatewayError:
+        self._breaker.record_failure()
+        return self._errors.unavailable(f"Triton at {self._settings.triton_url} is unreachable: {exc}")

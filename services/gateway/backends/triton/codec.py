@@ -55,12 +55,12 @@ def infer_response(
         if written is not None:
             outputs.append(written)
             continue
-        data = _array(raw, dtype, tuple(tensor.shape), request.model, name)
+        data = output_array(raw, dtype, tuple(tensor.shape), request.model, name)
         outputs.append(InferOutput(name, datatype, data, raw=raw))
     return InferResponse(model=request.model, version=version, id=request.id, outputs=outputs)
 
 
-def _array(raw: bytes, dtype: np.dtype[Any], shape: tuple[int, ...], model: str, name: str) -> Array:
+def output_array(raw: bytes | memoryview, dtype: np.dtype[Any], shape: tuple[int, ...], model: str, name: str) -> Array:
     """An output's values over Triton's bytes (numbers without a copy); strings that do not add up to the shape are
     the model's fault, not the client's."""
     if dtype != OBJECT:

@@ -1,0 +1,83 @@
+"""Where the embedded backend runs a batch: on the event loop's own thread when it is expected to be quick, else on
+the version's worker threads.
+
+Handing a batch to a worker thread and back costs tens of microseconds of CPU and a GIL hand-over each way: for a
+tiny model more than its whole run, and under load the biggest single cost per request. A long run must not hold
+up the loop (every other request waits for it), so only batches expected to take less than ``inline_below_s`` run
+inline. The expectation is a line, a fixed cost per run plus a cost per row (a tiny model's run is mostly the
+fixed part), fitted to the CPU time of recent runs on the thread that made them: their wall time includes waiting
+for the GIL, which would make the threads look dearer the more they are used."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+
+from services.gateway.types import Array
+
+Run = Callable[[dict[str, Array]], dict[str, Array]]
+
+
+class RunCost:
+    """``seconds(rows)``: a least-squares line through recent (rows, seconds) runs, weighted towards the latest."""
+
+    WEIGHT = 0.05
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self._x = self._y = self._xx = self._xy = 0.0
+
+    def add(self, rows: int, seconds: float) -> None:
+        w = self.WEIGHT if self.runs else 1.0
+        self.runs += 1
+        self._x += w * (rows - self._x)
+        self._y += w * (seconds - self._y)
+        self._xx += w * (rows * rows - self._xx)
+        self._xy += w * (rows * seconds - self._xy)
+
+    def seconds(self, rows: int) -> float:
+        spread = self._xx - self._x * self._x
+        if spread < 0.25:  # (nearly) one batch size seen: scale by rows, which can only overestimate a bigger batch
+            return self._y * max(rows / max(self._x, 1.0), 1.0)
+        slope = max((self._xy - self._x * self._y) / spread, 0.0)
+        fixed = max(self._y - slope * self._x, 0.0)
+        return fixed + slope * rows
+
+
+class Placement:
+    def __init__(self, run: Run, pool: Executor, *, batching: bool, inline_below_s: float) -> None:
+        self._run = run
+        self._pool = pool
+        self._batching = batching
+        self._below = inline_below_s
+        self.cost = RunCost()
+        self.inline_runs = 0
+        self.thread_runs = 0
+
+    async def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
+        rows = self._rows(inputs)
+        if self.cost.runs and self.cost.seconds(rows) < self._below:
+            began = time.thread_time()
+            outputs = self._run(inputs)
+            self.cost.add(rows, time.thread_time() - began)
+            self.inline_runs += 1
+            return outputs
+        self.thread_runs += 1
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._timed, inputs, rows)
+
+    def _timed(self, inputs: dict[str, Array], rows: int) -> dict[str, Array]:
+        """In the worker thread: the run, and its CPU time (not the wait for the GIL) as an estimate."""
+        began = time.thread_time()
+        outputs = self._run(inputs)
+        if self._below > 0:
+            # From a worker thread: a race with another blends two updates of plain floats, nothing worse.
+            self.cost.add(rows, time.thread_time() - began)
+        return outputs
+
+    def _rows(self, inputs: dict[str, Array]) -> int:
+        if not self._batching or not inputs:
+            return 1
+        first = next(iter(inputs.values()))
+        return max(int(first.shape[0]), 1) if first.ndim else 1

@@ -1,0 +1,177 @@
+"""The inference routes as a bare ASGI handler, ahead of FastAPI: ``POST /v2/models/{m}[/versions/{v}]/infer``.
+
+Every other route goes through FastAPI (docs, admin, health, metadata). Inference skips its middleware stack,
+route table, ``Request`` and ``Response`` objects and their per-request wrappers: measured, those took more CPU per
+request than decoding, validating, batching and running the model together. What a request goes through here is
+what ``Endpoints.infer`` did (the same checks, in DESIGN.md's order, with the same errors and counts).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+from fastapi import FastAPI
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
+
+from services.gateway.dataplane import DataPlane
+from services.gateway.errors import GatewayError
+from services.gateway.region_tensors import tensor_regions
+from services.gateway.rest.body import check_length, read_body
+from services.gateway.rest.codec import decode_request, encode_response
+from services.gateway.rest.responses import gateway_error_response, internal_error
+from services.gateway.shaping.keys import ANONYMOUS
+from services.gateway.versions import parse_version
+
+PROTOCOL = "http"
+DISCONNECTED = 499
+"""Counted (never sent) when the client went away before its request body arrived: nginx's code for it."""
+PREFIX = "/v2/models/"
+SUFFIX = "/infer"
+JSON_HEADERS = ((b"content-type", b"application/json"),)
+BINARY_HEADERS = ((b"content-type", b"application/octet-stream"),)
+log = logging.getLogger(__name__)
+
+
+def infer_target(scope: Scope) -> tuple[str, str | None] | None:
+    """``(model, raw version)`` when the request is an inference call, else ``None`` (FastAPI answers it: other
+    routes, other methods, malformed paths alike). The path segments follow Starlette's ``{name}`` rule: non-empty,
+    no slash."""
+    if scope["type"] != "http" or scope["method"] != "POST":
+        return None
+    path: str = scope["path"]
+    root = scope.get("root_path")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    if not (path.startswith(PREFIX) and path.endswith(SUFFIX)):
+        return None
+    parts = path[len(PREFIX) : -len(SUFFIX)].split("/")
+    if len(parts) == 1 and parts[0]:
+        return parts[0], None
+    if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
+        return parts[0], parts[2]
+    return None
+
+
+class InferLane:
+    def __init__(self, dataplane: DataPlane, *, max_body_bytes: int) -> None:
+        self._dataplane = dataplane
+        self._max_body = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, model: str, raw_version: str | None) -> None:
+        """Never raises: every failure becomes its answer here, so that no exception reaches the server (which
+        would drop the keep-alive connection) and every answer is counted."""
+        started = time.monotonic()
+        dataplane = self._dataplane
+        # First occurrence wins, as with Starlette's Headers.get: one pass, then dict lookups.
+        headers: dict[bytes, bytes] = dict(reversed(scope["headers"]))
+        tenant = ANONYMOUS
+        shaper = dataplane.shaper
+        try:
+            version = None if raw_version is None else parse_version(raw_version)
+            check_length(headers.get(b"content-length"), self._max_body)
+            if shaper.keys.enabled:
+                tenant = shaper.authenticate(_text(headers.get(b"x-api-key")))
+            limits = await shaper.rate_limit(tenant, model) if shaper.limiter is not None else None
+            body = await read_body(receive, self._max_body)
+            regions = tensor_regions(dataplane.regions, tenant)
+            header_length = headers.get(b"inference-header-content-length")
+            request, fmt = decode_request(
+                body, None if header_length is None else header_length.decode("latin-1"), model, version, regions
+            )
+            request.tenant = tenant
+            timeout = headers.get(b"x-request-timeout")
+            budget = shaper.deadlines.budget(request.timeout_s, _text(timeout), None)
+            if budget is not None:
+                request.budget_s, request.deadline = budget, started + budget
+            priority = headers.get(b"x-priority")
+            if priority is not None or request.priority:
+                request.priority = shaper.priorities.rank(request.priority, _text(priority))
+            else:
+                request.priority = shaper.priorities.default
+        except GatewayError as exc:
+            dataplane.record_error(model, raw_version, PROTOCOL, exc, tenant)
+            await gateway_error_response(exc)(scope, receive, send)
+            return
+        except ClientDisconnect:  # not our failure: one debug line and a count, no traceback
+            log.debug("client disconnected before sending the whole request body for model '%s'", model)
+            dataplane.record_error(model, raw_version, PROTOCOL, GatewayError("client gone", DISCONNECTED), tenant)
+            await _bare(send, 400)  # the server drops it: there is no one to send it to
+            return
+        except Exception as exc:
+            await _internal_error(scope, receive, send, exc)
+            return
+        try:
+            response = await dataplane.infer(request, protocol=PROTOCOL, header=_HeaderLookup(headers).get)
+            content, header_length_out = encode_response(response, fmt)
+        except GatewayError as exc:  # counted by the dataplane
+            await gateway_error_response(exc)(scope, receive, send)
+            return
+        except Exception as exc:
+            await _internal_error(scope, receive, send, exc)
+            return
+        answer = [
+            *(JSON_HEADERS if header_length_out is None else BINARY_HEADERS),
+            (b"content-length", b"%d" % len(content)),
+            (b"x-model-version", b"%d" % response.version),
+        ]
+        if header_length_out is not None:
+            answer.append((b"inference-header-content-length", b"%d" % header_length_out))
+        if limits:
+            answer += [(name.lower().encode(), value.encode()) for name, value in limits.items()]
+        await send({"type": "http.response.start", "status": 200, "headers": answer})
+        await send({"type": "http.response.body", "body": content})
+
+
+class _HeaderLookup:
+    """``header(name)`` over the raw header dict, for the router's sticky canary split (rarely called)."""
+
+    __slots__ = ("_headers",)
+
+    def __init__(self, headers: Mapping[bytes, bytes]) -> None:
+        self._headers = headers
+
+    def get(self, name: str) -> str | None:
+        return _text(self._headers.get(name.lower().encode("latin-1")))
+
+
+async def _bare(send: Send, status: int) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
+async def _internal_error(scope: Scope, receive: Receive, send: Send, exc: BaseException) -> None:
+    await internal_error(scope["method"], scope["path"], exc)(scope, receive, send)
+
+
+class LaneEndpoint:
+    """The inference routes' entry in FastAPI's route table, for what reaches it (a ``root_path`` the quick check
+    did not strip, say): the same lane, with the path parameters Starlette matched."""
+
+    def __init__(self, lane: InferLane) -> None:
+        self._lane = lane
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        params = scope["path_params"]
+        await self._lane(scope, receive, send, params["model_name"], params.get("model_version"))
+
+
+class GatewayApp(FastAPI):
+    """FastAPI with the inference lane in front of its middleware stack (``lane`` set by the app factory)."""
+
+    lane: InferLane | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lane = self.lane
+        if lane is not None:
+            target = infer_target(scope)
+            if target is not None:
+                await lane(scope, receive, send, *target)
+                return
+        await super().__call__(scope, receive, send)
