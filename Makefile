@@ -7,7 +7,7 @@ SY := $(BIN)/switchyard
 REPO ?= model_repository
 PACKAGES := exporter services examples loadtests
 
-.PHONY: install triton-install triton models zoo serve test lint typecheck pytest bench loadtest clean-models
+.PHONY: install triton-install triton models zoo serve test lint typecheck pytest bench loadtest console-screens clean-models
 
 install: $(VENV)/.installed triton-install
 
@@ -73,6 +73,10 @@ loadtest: install
 		--users $(USERS) --spawn-rate $(SPAWN_RATE) --run-time $(DURATION) --model '$(MODEL)' \
 		--ops-interval $(OPS_INTERVAL) --slo-error-ratio $(SLO_ERROR_RATIO) --slo-p99-ms '$(SLO_P99_MS)' \
 		--csv loadtests/results/locust --html loadtests/results/locust.html $(LOCUST_ARGS)
+
+# The README's screenshots of the ops console (docs/ops-console-*.png), from a live gateway in Debian's chromium (~45 s).
+console-screens: install
+	$(BIN)/python -m tests.console_screens --repository $(REPO)
 
 clean-models:
 	rm -rf $(REPO)/classifier $(REPO)/mlp

@@ -2,8 +2,9 @@
 
 Every other route goes through FastAPI (docs, admin, health, metadata). Inference skips its middleware stack,
 route table, ``Request`` and ``Response`` objects and their per-request wrappers: measured, those took more CPU per
-request than decoding, validating, batching and running the model together. What a request goes through here is
-what ``Endpoints.infer`` did (the same checks, in DESIGN.md's order, with the same errors and counts).
+request than decoding, validating, batching and running the model together. A request goes through the same checks
+as on any route, in DESIGN.md's order, with the same errors and counts; the routes stay in FastAPI's table too
+(``LaneEndpoint``), so other methods get 405 and the OpenAPI document lists them.
 """
 
 from __future__ import annotations
