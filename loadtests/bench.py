@@ -99,7 +99,9 @@ def local_triton(repository: Path, logs: Path, wanted: bool) -> contextlib.Abstr
 
 def main() -> None:
     parser = bench_parser(__doc__, concurrency=[1, 8, 32])
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="intra-op threads everywhere")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="intra-op threads of the in-process runs and the naive baseline, and of the gateway's "
+                             "instances together (each of a model's instances gets its share)")
     parser.add_argument("--plot", type=Path, default=ROOT / "loadtests" / "results" / "bench.png")
     parser.add_argument("--no-triton", action="store_true", help="leave out the local Triton's HTTP front end")
     parser.add_argument("--serve-naive", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -130,7 +132,10 @@ def main() -> None:
                 "--threads", str(args.threads), "--serve-naive", str(naive_port)]  # fmt: skip
     floor = [sys.executable, str(ROOT / "loadtests" / "http_floor.py"), str(floor_port)]
     grpc_floor = [sys.executable, str(ROOT / "loadtests" / "grpc_floor.py"), "--answer", str(grpc_floor_port)]
-    os.environ["SWITCHYARD_INTRA_OP_THREADS"] = str(args.threads)
+    # Equal threads: the gateway's default gives each of a model's instances CPU count / instances threads, so
+    # its instances together use what one in-process session does. Only another --threads needs the override.
+    if args.threads != (os.cpu_count() or 1):
+        os.environ["SWITCHYARD_INTRA_OP_THREADS"] = str(max(1, args.threads // 2))  # the examples have 2 instances
     with (
         local_triton(repository, logs, not args.no_triton) as triton,
         process(gateway, f"http://127.0.0.1:{http_port}/v2/health/ready", logs / "gateway.log") as gateway_process,
