@@ -7,18 +7,21 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import httpx
+import numpy as np
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
 
 from services.gateway import Settings
 from services.gateway.backends.triton import ConfigTransform, TritonBackend
 from services.gateway.repository import Catalog
 from services.gateway.testing import RunningGateway, running_gateway
 from services.tritonlocal import LocalTriton, TritonInstall, derive_config
+from tests.tritonlocal.support import sample
 
 MODELS = ("classifier", "mlp")
 
@@ -130,3 +133,25 @@ class TcpRelay:
                 sink.sendall(data)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_WR)
+
+
+@asynccontextmanager
+async def classifier_queue_flooded(server: LocalTriton, *, batches: int, queued: int) -> AsyncIterator[None]:
+    """``batches`` full 32-row classifier batches sent straight to Triton's version 1, and ``queued`` of them seen
+    waiting in its queue before the body runs: a request sent then waits far beyond a ~100 ms budget. Awaits the
+    flood on exit."""
+    direct = grpcaio.InferenceServerClient(server.grpc_url)
+    batch = np.ascontiguousarray(np.resize(sample("classifier", rows=1)["image"], (32, 3, 64, 64)))
+
+    async def full_batch() -> None:
+        tensor = grpcaio.InferInput("image", list(batch.shape), "FP32")
+        tensor.set_data_from_numpy(batch)
+        await direct.infer("classifier", [tensor], model_version="1")
+
+    try:
+        flood = [asyncio.create_task(full_batch()) for _ in range(batches)]
+        await wait_for_queue(server, "classifier", queued)
+        yield
+        await asyncio.gather(*flood)
+    finally:
+        await direct.close()

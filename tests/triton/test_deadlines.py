@@ -3,20 +3,17 @@ Triton receives the budget as the v2 ``timeout`` parameter, drops the request un
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
-import tritonclient.grpc.aio as grpcaio
 
 from services.gateway.testing import RunningGateway
 from services.tritonlocal import LocalTriton
 from tests.triton.proxy import RecordingProxy
-from tests.triton.support import gateway_settings, local_gateway, statistics, wait_for_queue
+from tests.triton.support import classifier_queue_flooded, gateway_settings, local_gateway, statistics
 from tests.tritonlocal.support import sample
 
 BUDGET_US = 100_000
@@ -48,32 +45,18 @@ async def test_request_gets_504_and_triton_its_timeout_when_budget_expires_in_tr
     triton: LocalTriton, proxy: RecordingProxy, proxied_gateway: RunningGateway
 ) -> None:
     before = statistics(triton, "classifier", 1)
-    direct = grpcaio.InferenceServerClient(triton.grpc_url)
-    batch = np.ascontiguousarray(np.resize(sample("classifier", rows=1)["image"], (32, 3, 64, 64)))
-
-    async def full_batch() -> None:
-        tensor = grpcaio.InferInput("image", list(batch.shape), "FP32")
-        tensor.set_data_from_numpy(batch)
-        await direct.infer("classifier", [tensor], model_version="1")
-
     image = sample("classifier", rows=1, seed=9)["image"]
     body = {
         "id": "late-1",
         "inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 3, 64, 64], "data": image.ravel().tolist()}],
         "parameters": {"timeout": BUDGET_US, "priority": 2},
     }
-    try:
-        flood = [asyncio.create_task(full_batch()) for _ in range(FLOOD)]
-        await wait_for_queue(triton, "classifier", QUEUED_AHEAD)
-        async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
-            started = time.monotonic()
-            response = await client.post(
-                f"http://{proxied_gateway.http_url}/v2/models/classifier/versions/1/infer", json=body
-            )
-            seconds = time.monotonic() - started
-        await asyncio.gather(*flood)
-    finally:
-        await direct.close()
+    flooded = classifier_queue_flooded(triton, batches=FLOOD, queued=QUEUED_AHEAD)
+    async with flooded, httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
+        started = time.monotonic()
+        url = f"http://{proxied_gateway.http_url}/v2/models/classifier/versions/1/infer"
+        response = await client.post(url, json=body)
+        seconds = time.monotonic() - started
 
     assert response.status_code == 504, response.text
     assert seconds < BUDGET_US / 1e6 + 0.2, f"504 after {seconds * 1e3:.0f} ms for a {BUDGET_US / 1e3:.0f} ms budget"

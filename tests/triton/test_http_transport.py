@@ -17,7 +17,7 @@ import tritonclient.http as httpclient
 
 from services.gateway.testing import Reference, RunningGateway
 from services.tritonlocal import LocalTriton
-from tests.triton.support import TcpRelay, gateway_settings, local_gateway, statistics, wait_for_queue
+from tests.triton.support import TcpRelay, classifier_queue_flooded, gateway_settings, local_gateway, statistics
 from tests.tritonlocal.support import sample
 
 
@@ -89,30 +89,16 @@ async def test_request_gets_504_on_time_and_triton_drops_it_when_budget_expires_
 ) -> None:
     budget_us = 100_000
     before = statistics(triton, "classifier", 1)
-    direct = grpcaio.InferenceServerClient(triton.grpc_url)
-    batch = np.ascontiguousarray(np.resize(sample("classifier", rows=1)["image"], (32, 3, 64, 64)))
-
-    async def full_batch() -> None:
-        tensor = grpcaio.InferInput("image", list(batch.shape), "FP32")
-        tensor.set_data_from_numpy(batch)
-        await direct.infer("classifier", [tensor], model_version="1")
-
     image = sample("classifier", rows=1, seed=9)["image"]
     body = {
         "inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 3, 64, 64], "data": image.ravel().tolist()}],
         "parameters": {"timeout": budget_us},
     }
-    try:
-        flood = [asyncio.create_task(full_batch()) for _ in range(10)]
-        await wait_for_queue(triton, "classifier", 4)
-        async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
-            started = time.monotonic()
-            response = await client.post(f"http://{http_gateway.http_url}/v2/models/classifier/versions/1/infer",
-                                         json=body)
-            seconds = time.monotonic() - started
-        await asyncio.gather(*flood)
-    finally:
-        await direct.close()
+    flooded = classifier_queue_flooded(triton, batches=10, queued=4)
+    async with flooded, httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
+        started = time.monotonic()
+        response = await client.post(f"http://{http_gateway.http_url}/v2/models/classifier/versions/1/infer", json=body)
+        seconds = time.monotonic() - started
     assert response.status_code == 504, response.text
     assert seconds < budget_us / 1e6 + 0.2, f"504 after {seconds * 1e3:.0f} ms for a 100 ms budget"
     after = statistics(triton, "classifier", 1, at_least=before["inference_count"] + 320)

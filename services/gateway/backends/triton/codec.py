@@ -45,12 +45,7 @@ def infer_response(
     outputs = []
     for tensor, raw in zip(reply.outputs, reply.raw_output_contents, strict=True):
         name, datatype = tensor.name, tensor.datatype  # each read of a protobuf field builds a new str
-        try:
-            dtype = numpy_dtype(datatype, name)
-        except InvalidInput:
-            raise InferenceFailed(
-                f"model '{request.model}' returned output '{name}' as {datatype}, which the gateway does not serve"
-            ) from None
+        dtype = output_dtype(datatype, name, request.model)
         written = forwarded_output(request, name, datatype, tuple(tensor.shape)) if forward else None
         if written is not None:
             outputs.append(written)
@@ -58,6 +53,16 @@ def infer_response(
         data = output_array(raw, dtype, tuple(tensor.shape), request.model, name)
         outputs.append(InferOutput(name, datatype, data, raw=raw))
     return InferResponse(model=request.model, version=version, id=request.id, outputs=outputs)
+
+
+def output_dtype(datatype: str, name: str, model: str) -> np.dtype[Any]:
+    """The numpy dtype of an output Triton answered; one the gateway cannot serve is the model's fault."""
+    try:
+        return numpy_dtype(datatype, name)
+    except InvalidInput:
+        raise InferenceFailed(
+            f"model '{model}' returned output '{name}' as {datatype}, which the gateway does not serve"
+        ) from None
 
 
 def output_array(raw: bytes | memoryview, dtype: np.dtype[Any], shape: tuple[int, ...], model: str, name: str) -> Array:

@@ -11,9 +11,8 @@ from urllib.parse import quote
 import numpy as np
 import orjson
 
-from services.gateway.backends.triton.codec import output_array
-from services.gateway.datatypes import numpy_dtype
-from services.gateway.errors import InferenceFailed, InvalidInput
+from services.gateway.backends.triton.codec import output_array, output_dtype
+from services.gateway.errors import InferenceFailed
 from services.gateway.types import InferOutput, InferRequest, InferResponse, as_bytes
 
 HEAD = (
@@ -70,12 +69,7 @@ def http_response(
     outputs = []
     for entry in entries:
         name, datatype, shape = entry["name"], entry["datatype"], tuple(entry["shape"])
-        try:
-            dtype = numpy_dtype(datatype, name)
-        except InvalidInput:
-            raise InferenceFailed(
-                f"model '{request.model}' returned output '{name}' as {datatype}, which the gateway does not serve"
-            ) from None
+        dtype = output_dtype(datatype, name, request.model)
         size = entry.get("parameters", {}).get("binary_data_size")
         if size is None:  # Triton sent this one as JSON after all
             outputs.append(InferOutput(name, datatype, np.asarray(entry["data"], dtype=dtype).reshape(shape)))
