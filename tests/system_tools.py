@@ -1,4 +1,4 @@
-"""Debian tools the tests use as real components (redis-server, docker-compose, promtool, prometheus)."""
+"""Debian tools the tests use as real components (redis-server, docker-compose, promtool, prometheus, chromium)."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import logging
 import os
 from pathlib import Path
 
+from services.durable import fsync_folder
 from services.gateway.state.records import Event, StateError
 
 logger = logging.getLogger(__name__)
@@ -91,12 +92,3 @@ def _read_log(log: Path, model: str | None, limit: int) -> list[Event]:
 
 def _rotated(log: Path) -> Path:
     return log.with_name(log.name + ".1")
-
-
-def fsync_folder(folder: Path) -> None:
-    """A rename or a new file is durable only once its folder's entry is on disk."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -10,12 +10,12 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
-from services.gateway.state.event_log import EventLog, fsync_folder
+from services.durable import fsync_folder, replace_file
+from services.gateway.state.event_log import EventLog
 from services.gateway.state.records import Event, RoutingRecord, StateError
 from services.gateway.state.store import OnChange
 
@@ -190,21 +190,9 @@ class FileStateStore:
         payload = (json.dumps(document, indent=2) + "\n").encode()
         folder = self.path.parent
         try:
-            fd, temp = tempfile.mkstemp(prefix=self._temp_prefix, suffix=_TMP_SUFFIX, dir=folder)
+            replace_file(self.path, payload, prefix=self._temp_prefix, suffix=_TMP_SUFFIX)
         except OSError as exc:
             raise StateError(f"cannot write the state file {self.path}: {exc}") from exc
-        try:
-            with os.fdopen(fd, "wb") as file:
-                file.write(payload)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temp, self.path)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            if isinstance(exc, OSError):
-                raise StateError(f"cannot write the state file {self.path}: {exc}") from exc
-            raise
         try:
             fsync_folder(folder)
         except OSError as exc:

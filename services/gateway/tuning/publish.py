@@ -5,9 +5,7 @@ the old or the new file, never a part), and the trial table is recorded next to 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +13,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from services.gateway.state.event_log import fsync_folder
+from services.durable import fsync_folder, replace_file
 from services.modelrepo.config import read_config, to_text
 from services.modelrepo.layout import CONFIG_FILE, publish_lock
 
@@ -48,22 +46,9 @@ def publish(repository: Path, model_dir: Path, config: mc.ModelConfig, table: di
         if not target.is_file():
             raise PublishError(f"{target} is gone; nothing was written")
         shutil.copy2(target, backup)
-        _replace(target, text)
-        _replace(table_path, json.dumps(table, indent=2) + "\n")
+        replace_file(target, text.encode(), suffix=".partial")
+        replace_file(table_path, (json.dumps(table, indent=2) + "\n").encode(), suffix=".partial")
         fsync_folder(model_dir)
     if read_config(model_dir) != config:  # what Triton and the gateway will read next
         raise PublishError(f"{target} does not read back as the config written; the old one is {backup}")
     return Published(target, backup, table_path)
-
-
-def _replace(path: Path, text: str) -> None:
-    fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        Path(partial).unlink(missing_ok=True)
-        raise
