@@ -90,9 +90,17 @@ class ConsolePage:
 
     def figure(self, model: str, name: str) -> float | None:
         """The number a live-figures cell shows now (``None`` for "–")."""
-        text = self.page.locator(f'article[data-model="{model}"] [data-figure="{name}"] .value').inner_text()
-        match = re.search(r"[-\d.]+", text)
-        return float(match.group()) if match else None
+        return self.figures(model, name)[0]
+
+    def figures(self, model: str, *names: str) -> tuple[float | None, ...]:
+        """The numbers several live-figures cells show, read in one go: the page redraws every poll, and cells read
+        one by one can come from two different polls."""
+        texts = self.page.locator(f'article[data-model="{model}"]').evaluate(
+            "(card, names) => names.map((name) => card.querySelector(`[data-figure='${name}'] .value`).textContent)",
+            list(names),
+        )
+        numbers = (re.search(r"[-\d.]+", text) for text in texts)
+        return tuple(float(match.group()) if match else None for match in numbers)
 
     def confirm(self, expect_result: str = "ok") -> str:
         """Confirm the open dialog, wait for the action's result, and close it; the result's text."""
