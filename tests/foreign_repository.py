@@ -65,6 +65,14 @@ def addsub_graph() -> onnx.ModelProto:
     return model
 
 
+def addsub_repository_at(root: Path) -> Path:
+    """A repository of ``addsub`` alone (built with onnx.helper): no exporter run, a gateway starts on it in seconds."""
+    (root / "addsub" / "1").mkdir(parents=True)
+    onnx.save(addsub_graph(), root / "addsub" / "1" / "addsub.onnx")
+    (root / "addsub" / "config.pbtxt").write_text(ADDSUB_CONFIG)
+    return root
+
+
 def make_foreign_repository(examples: Path, target: Path) -> Path:
     shutil.copytree(examples, target, ignore=shutil.ignore_patterns("manifest.json", "samples", "mlp_ts"))
     assert not list(target.rglob("manifest.json"))

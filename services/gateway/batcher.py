@@ -95,15 +95,15 @@ class DynamicBatcher:
         limit = min(timeout_s, queue_timeout) if timeout_s and queue_timeout else timeout_s or queue_timeout
         shapes = [array.shape for array in inputs.values()]
         first = shapes[0]
-        item = QueuedRequest(
-            inputs=inputs,
-            rows=first[0] if policy.max_batch_size > 0 and first else 1,
-            future=asyncio.get_running_loop().create_future(),
-            enqueued=now,
-            deadline=now + limit if limit else None,
-            key=tuple([shape[1:] for shape in shapes]),
-            rank=priority,
-            expires=now + timeout_s if timeout_s else None,
+        item = QueuedRequest(  # in field order (positional: a keyword call costs more on every request)
+            inputs,
+            first[0] if policy.max_batch_size > 0 and first else 1,
+            asyncio.get_running_loop().create_future(),
+            now,
+            now + limit if limit else None,
+            (first[1:],) if len(shapes) == 1 else tuple([shape[1:] for shape in shapes]),
+            priority,
+            now + timeout_s if timeout_s else None,
         )
         queue.append(item)
         self._deadlines.watch(item)

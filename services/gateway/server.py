@@ -34,7 +34,7 @@ def uvicorn_config(settings: Settings, app: ASGIApp, *, log_level: str | None = 
         loop="uvloop",
         # Not limit_concurrency: uvicorn counts connections there only to answer requests 503 and keeps every
         # connection open (a silent one is never refused); the protocol closes connections beyond the cap instead.
-        http=protocol_class(limits),
+        http=protocol_class(limits, getattr(app, "lane", None)),
         # No WebSocket routes: an upgrade would hand the transport to a protocol without the deadlines.
         ws="none",
         # uvicorn annotates int; call_later takes seconds as a float, and sub-second values serve tests.

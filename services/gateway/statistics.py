@@ -37,7 +37,7 @@ class Duration:
 
     def add(self, seconds: float) -> None:
         self.count += 1
-        self.ns += nanoseconds(seconds)
+        self.ns += int(seconds * 1e9)  # nanoseconds(), inline: every request adds two or three
 
     def json(self) -> dict[str, int]:
         return {"count": self.count, "ns": self.ns}

@@ -131,3 +131,52 @@ def test_encode_response_spells_non_finite_values_when_json_output(datatype: str
     got = InferResult.from_response_body(body).as_numpy("y")
     assert got.dtype == y.dtype
     np.testing.assert_array_equal(got, y)
+
+
+@pytest.mark.parametrize(
+    ("values", "accepted"),
+    [
+        ([float(np.finfo(np.float32).max), -float(np.finfo(np.float32).max), 0.0], True),  # the limits themselves
+        ([0.0, 3.4028235e38], False),  # past the largest float32, though C's conversion rounds it down to it
+        ([1e39, 0.0], False),
+        ([0.5] * 5000, True),  # longer than what struct packs: numpy converts
+        ([0.5] * 4999 + [1e39], False),
+    ],
+)
+def test_decode_request_refuses_fp32_values_past_the_range_when_packed_or_not(
+    values: list[float], accepted: bool
+) -> None:
+    x = {"name": "x", "shape": [len(values)], "datatype": "FP32", "data": values}
+    body = json.dumps({"inputs": [x]}).encode()
+    if accepted:
+        request, _ = decode_request(body, None, "m", None)
+        np.testing.assert_array_equal(request.inputs[0].data, np.array(values, dtype=np.float32))
+        assert request.inputs[0].data.dtype == np.float32
+    else:
+        with pytest.raises(InvalidInput, match="is outside the FP32 range"):
+            decode_request(body, None, "m", None)
+
+
+def test_encode_response_spells_only_non_finite_values_when_one_output_has_them() -> None:
+    from services.gateway.rest.codec import OutputFormat
+
+    finite = np.array([[0.25, -1.0]], dtype=np.float32)
+    odd = np.array([[np.nan, 2.0]], dtype=np.float64)
+    counts = np.array([[3, 4]], dtype=np.int64)
+    response = InferResponse(
+        "m", 1, [InferOutput("a", "FP32", finite), InferOutput("b", "FP64", odd), InferOutput("c", "INT64", counts)]
+    )
+    outputs = json.loads(encode_response(response, OutputFormat())[0])["outputs"]
+    assert [output["data"] for output in outputs] == [[0.25, -1.0], ["NaN", 2.0], [3, 4]]
+
+
+def test_encode_response_writes_numbers_when_a_name_holds_null() -> None:
+    from services.gateway.rest.codec import OutputFormat
+
+    y = np.array([[0.5, 1.5]], dtype=np.float32)
+    response = InferResponse("null", 1, [InferOutput("null", "FP32", y)], id="null")
+    body, _ = encode_response(response, OutputFormat())
+    assert json.loads(body) == {
+        "model_name": "null", "model_version": "1", "id": "null",
+        "outputs": [{"name": "null", "datatype": "FP32", "shape": [1, 2], "data": [0.5, 1.5]}],
+    }  # fmt: skip

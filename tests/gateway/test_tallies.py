@@ -36,3 +36,15 @@ def test_tallies_refuse_wrong_label_count_when_asked_for_a_series() -> None:
     family = Tallies(CollectorRegistry()).counter("y_total", "Y.", ["a", "b"])
     with pytest.raises(ValueError, match=r"takes labels \('a', 'b'\)"):
         family.labels("only-one")
+
+
+def test_observe_times_matches_repeated_observations_when_a_batch_shares_a_duration() -> None:
+    from services.gateway.tallies import Timings
+
+    bounds = (0.001, 0.01, 0.1)
+    once, repeated = Timings(bounds), Timings(bounds)
+    once.observe_times(0.005, 3)
+    for _ in range(3):
+        repeated.observe(0.005)
+    assert (once.counts, once.sum) == (repeated.counts, repeated.sum)
+    assert once.counts == [0, 3, 0, 0]

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import grpc
 import httpx
-import onnx
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.foreign_repository import ADDSUB_CONFIG, addsub_graph
+from tests.foreign_repository import addsub_repository_at
 from tests.gateway_process import GatewayProcess, gateway_process
 
 TOKEN = "connection-limits-token"
@@ -34,12 +33,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def addsub_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Only ``addsub`` (built with onnx.helper): no exporter run, the gateway starts in seconds."""
-    root = tmp_path_factory.mktemp("addsub_repository")
-    (root / "addsub" / "1").mkdir(parents=True)
-    onnx.save(addsub_graph(), root / "addsub" / "1" / "addsub.onnx")
-    (root / "addsub" / "config.pbtxt").write_text(ADDSUB_CONFIG)
-    return root
+    return addsub_repository_at(tmp_path_factory.mktemp("addsub_repository"))
 
 
 @pytest.fixture(scope="module")

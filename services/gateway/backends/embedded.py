@@ -254,7 +254,7 @@ class EmbeddedBackend:
             seconds = batch.merge_s + batch.execute_s + batch.split_s
             for wait in batch.waits:
                 queue_wait.observe(wait)
-                backend.observe(seconds)
+            backend.observe_times(seconds, len(batch.waits))
 
         return observe
 

@@ -17,8 +17,8 @@ from services.gateway.bytes_tensors import BYTES, from_binary, has_json_form
 from services.gateway.datatypes import checked_shape, numpy_dtype, shaped
 from services.gateway.errors import InvalidInput
 from services.gateway.region_tensors import NO_REGIONS, RegionSlice, TensorRegions, names_region
-from services.gateway.rest.values import described, from_json, to_json
-from services.gateway.types import InferInput, InferRequest, InferResponse, as_bytes
+from services.gateway.rest.values import described, from_json, native_json, to_json
+from services.gateway.types import Array, InferInput, InferRequest, InferResponse, as_bytes
 from services.gateway.versions import MAX_DIGITS, shown
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -93,6 +93,7 @@ def encode_response(response: InferResponse, fmt: OutputFormat) -> tuple[bytes, 
     """The response body and, when binary outputs follow the JSON, the JSON header's length."""
     outputs: list[dict[str, Any]] = []
     buffers: list[memoryview] = []
+    floats: list[tuple[dict[str, Any], Array]] = []
     binary_default, binary = fmt.binary_default, fmt.binary
     for output in response.outputs:
         data = output.data
@@ -104,13 +105,23 @@ def encode_response(response: InferResponse, fmt: OutputFormat) -> tuple[bytes, 
             entry["parameters"] = {"binary_data_size": raw.nbytes}
             buffers.append(raw)
         else:
-            entry["data"] = to_json(data)
+            native = native_json(data)
+            if native is None:
+                entry["data"] = to_json(data)
+            else:
+                entry["data"] = native
+                if native.dtype.kind == "f":
+                    floats.append((entry, data))
         outputs.append(entry)
     head: dict[str, Any] = {"model_name": response.model, "model_version": str(response.version)}
     if response.id:
         head["id"] = response.id
     head["outputs"] = outputs
     encoded = orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY)
+    if floats and b"null" in encoded:  # a non-finite float written as null (or a name holding "null": harmless)
+        for entry, data in floats:
+            entry["data"] = to_json(data)  # NaN and infinities spelled out
+        encoded = orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY)
     if not buffers:
         return encoded, None
     return b"".join([encoded, *buffers]), len(encoded)

@@ -7,13 +7,16 @@ import asyncio
 import enum
 import logging
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import orjson
+from starlette.types import Scope
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
+from services.gateway.rest.direct import answer_inference
+from services.gateway.rest.lane import InferLane, infer_target
 from services.gateway.rest.one_write import OneWrite
 
 log = logging.getLogger(__name__)
@@ -49,9 +52,10 @@ def raw_response(status: bytes, message: str) -> bytes:
     return head % (status, len(body)) + body
 
 
-def protocol_class(limits: ConnectionLimits) -> type[DeadlineProtocol]:
+def protocol_class(limits: ConnectionLimits, lane: InferLane | None = None) -> type[DeadlineProtocol]:
     """The class to hand ``uvicorn.Config(http=...)``: uvicorn instantiates it with its own arguments only, so the
-    limits travel as class attributes of a subclass made for them."""
+    limits (and the app's inference lane, called directly: ``direct.py``) travel as class attributes of a subclass
+    made for them."""
     header = f"request headers not complete within header_timeout_s={limits.header_timeout_s:g}s"
     body = f"request body not complete within body_timeout_s={limits.body_timeout_s:g}s"
     refused = f"the gateway holds max_connections={limits.max_connections} connections"
@@ -60,6 +64,7 @@ def protocol_class(limits: ConnectionLimits) -> type[DeadlineProtocol]:
         pass
 
     BoundDeadlineProtocol.limits = limits
+    BoundDeadlineProtocol.lane = lane
     BoundDeadlineProtocol.header_timeout_response = raw_response(b"408 Request Timeout", header)
     BoundDeadlineProtocol.body_timeout_response = raw_response(b"408 Request Timeout", body)
     BoundDeadlineProtocol.refusal = raw_response(b"503 Service Unavailable", refused)
@@ -71,6 +76,7 @@ class DeadlineProtocol(HttpToolsProtocol):
     request that arrives in one read costs no timer at all."""
 
     limits: ClassVar[ConnectionLimits]
+    lane: ClassVar[InferLane | None] = None
     header_timeout_response: ClassVar[bytes]
     body_timeout_response: ClassVar[bytes]
     refusal: ClassVar[bytes]
@@ -87,6 +93,8 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._timed = Phase.OTHER  # what the armed timer (if any) guards
         self._timer: asyncio.TimerHandle | None = None
         self._silent = True
+        self._direct: RequestResponseCycle | None = None
+        """The cycle last started on the inference lane directly: it writes its answer in one piece itself."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.limits.max_connections:
@@ -127,8 +135,26 @@ class DeadlineProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         self._phase = Phase.BODY
         cycle = self.cycle
-        if cycle is not None:  # None for an upgrade request, which leaves this protocol
+        # None for an upgrade request, which leaves this protocol
+        if cycle is not None and cycle is not self._direct:
             cycle.transport = OneWrite(self.transport, self.loop)  # type: ignore[assignment]
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """uvicorn's hook for starting a request's ASGI task (from the headers, or a pipelined request's turn).
+        Inference requests go to the lane directly unless the access log is asked for (uvicorn's send writes it)
+        or uvicorn answers in place of the app (its concurrency limit). The setting decides, not whether the
+        access logger has handlers: a test's log capture must not send the suite down another path."""
+        lane = self.lane
+        direct = lane is not None and app is self.app and not self.config.access_log
+        target = infer_target(cast(Scope, cycle.scope)) if direct else None
+        if target is None:
+            super()._start_asgi_task(cycle, app)
+            return
+        assert lane is not None
+        self._direct = cycle
+        task = self.loop.create_task(answer_inference(lane, cycle, target, self.transport))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
