@@ -200,6 +200,26 @@ def test_idle_keep_alive_connection_closes_when_keep_alive_passes(gateway: Gatew
     assert KEEP_ALIVE_S - 0.05 <= idle <= KEEP_ALIVE_S + MARGIN_S, f"closed after {idle:.2f} s"
 
 
+def test_keep_alive_counts_from_the_last_answer_when_connection_is_used_across_periods(
+    gateway: GatewayProcess,
+) -> None:
+    """The keep-alive timer is armed once per connection and left armed while requests come: it must never close a
+    connection that was used since it was armed, and must close it a whole period after its last answer."""
+    request = b"GET /v2/health/ready HTTP/1.1\r\nHost: gateway\r\n\r\n"
+    with connect(gateway) as sock:
+        started = time.monotonic()
+        answered = started
+        while time.monotonic() - started < 4 * KEEP_ALIVE_S:  # across several periods, never idle for one
+            sock.sendall(request)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+            answered = time.monotonic()
+            time.sleep(KEEP_ALIVE_S * 0.6)
+        rest, closed = read_until_closed(sock)
+    idle = closed - answered
+    assert rest == b""
+    assert KEEP_ALIVE_S - 0.05 <= idle <= KEEP_ALIVE_S + MARGIN_S, f"closed after {idle:.2f} s"
+
+
 def test_keep_alive_fails_no_request_when_client_expires_idle_connections_sooner(gateway: GatewayProcess) -> None:
     expiry = KEEP_ALIVE_S / 2
     # Back to back, just under the client's expiry (a reuse: where the race was), just over it, and around the

@@ -22,6 +22,10 @@ from services.gateway.rest.one_write import OneWrite
 log = logging.getLogger(__name__)
 
 
+CLOCK_SLACK_S = 0.002
+"""How early a timer may fire on uvloop's millisecond clock and still count as on time."""
+
+
 class Phase(enum.Enum):
     HEAD = "head"  # waiting for a request's headers: the header deadline runs
     BODY = "body"  # headers complete, body still arriving: the body deadline runs
@@ -72,8 +76,10 @@ def protocol_class(limits: ConnectionLimits, lane: InferLane | None = None) -> t
 
 
 class DeadlineProtocol(HttpToolsProtocol):
-    """At most one timer handle per connection, armed only when the phase changes across ``data_received``: a
-    request that arrives in one read costs no timer at all."""
+    """At most one deadline timer per connection, armed only when the phase changes across ``data_received``: a
+    request that arrives in one read costs no timer at all. The keep-alive timer is one per connection too, armed
+    when the connection first goes idle and left armed while it is used (uvicorn arms a fresh one after every answer
+    and cancels it on the next request's bytes: two timer operations per request)."""
 
     limits: ClassVar[ConnectionLimits]
     lane: ClassVar[InferLane | None] = None
@@ -95,6 +101,9 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._silent = True
         self._direct: RequestResponseCycle | None = None
         """The cycle last started on the inference lane directly: it writes its answer in one piece itself."""
+        self._idle_since: float | None = None
+        """Loop time since which the connection has waited for a next request (``None``: reading or serving one)."""
+        self._keep_alive: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.limits.max_connections:
@@ -108,24 +117,58 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._watch(Phase.OTHER)
+        if self._keep_alive is not None:
+            self._keep_alive.cancel()
+            self._keep_alive = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         before = self._phase
         self._silent = False
+        self._idle_since = None  # not idle while the bytes are read: the keep-alive timer leaves the connection be
         super().data_received(data)
         phase = self._phase
         if phase is Phase.OTHER and (self.cycle is None or self.cycle.response_complete):
             if before is Phase.OTHER:
-                # Bytes that begin no request (stray CRLFs) cancelled uvicorn's keep-alive timer: without a deadline
-                # a client could hold the connection by sending one every keep-alive period.
+                # Bytes that begin no request (stray CRLFs) end the idle wait: without a deadline a client could
+                # hold the connection by sending one every keep-alive period.
                 phase = self._phase = Phase.HEAD
-            elif self.timeout_keep_alive_task is None and not self.transport.is_closing():
-                # The app answered before the body ended; the body's tail cancelled the keep-alive timer.
-                self.timeout_keep_alive_task = self.loop.call_later(
-                    self.timeout_keep_alive, self.timeout_keep_alive_handler
-                )
+            elif not self.transport.is_closing():
+                # The app answered before the body ended: idle again from the body's tail.
+                self._rest()
         self._watch(phase)
+
+    def on_response_complete(self) -> None:
+        """uvicorn's own steps after an answer, but the keep-alive wait starts with ``_rest``, not a new timer."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if self.pipeline:  # a pipelined request waits: its turn now
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self._rest()
+
+    def _rest(self) -> None:
+        """Idle from now until a next request; the timer is armed only if none is."""
+        now = self._idle_since = self.loop.time()
+        if self._keep_alive is None:
+            self._keep_alive = self.loop.call_at(now + self.timeout_keep_alive, self._keep_alive_due)
+
+    def _keep_alive_due(self) -> None:
+        """Close the connection if it has been idle for the whole keep-alive period, else wait for the rest of it
+        (it was used since); one busy serving a request is left alone, its answer starts the wait again."""
+        self._keep_alive = None
+        since = self._idle_since
+        if since is None or self.transport.is_closing():
+            return
+        due = since + self.timeout_keep_alive
+        if self.loop.time() >= due - CLOCK_SLACK_S:
+            self.timeout_keep_alive_handler()
+        else:
+            self._keep_alive = self.loop.call_at(due, self._keep_alive_due)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
