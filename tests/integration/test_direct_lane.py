@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -206,3 +207,14 @@ def test_uvicorn_path_answers_inference_when_access_log_is_on(addsub_repository:
     assert status == 200
     assert sums(body) == [2 * (5 + i) for i in range(16)]
     assert direct_calls.calls == before  # logged by uvicorn's send, which the direct lane skips
+
+
+def test_direct_lane_waits_for_the_rest_of_the_body_when_it_arrives_in_pieces(wire: Wire) -> None:
+    request = post(infer_body(6))
+    middle = len(request) - 40  # headers and most of the body, then the tail a little later
+    wire.send(request[:middle])
+    time.sleep(0.2)
+    wire.send(request[middle:])
+    status, _, answer = wire.answer()
+    assert status == 200, answer
+    assert sums(answer) == [2 * (6 + i) for i in range(16)]

@@ -17,7 +17,7 @@ import re
 from http import HTTPStatus
 from typing import TYPE_CHECKING, cast
 
-from starlette.types import Message, Receive, Scope
+from starlette.types import Message, Scope
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from services.gateway.rest.one_write import OneWrite
@@ -49,7 +49,7 @@ async def answer_inference(
     """Run the lane for one request; what uvicorn's ``run_asgi`` does if the lane breaks its promise to answer."""
     answer = DirectAnswer(cycle, transport)
     try:
-        await lane(cast(Scope, cycle.scope), cast(Receive, cycle.receive), answer.send, *target)
+        await lane(cast(Scope, cycle.scope), answer.receive, answer.send, *target)
     except BaseException as exc:  # the lane answers its own failures: this is a bug, or the server shutting down
         log.error("the inference lane failed", exc_info=exc)
         if not cycle.response_started:
@@ -69,7 +69,8 @@ def _nothing() -> None:
 
 
 class DirectAnswer:
-    """The ``send`` of one inference request: the start message is held, and written with the body as one buffer."""
+    """``receive`` and ``send`` of one inference request: a body already whole is handed over as it is; the start
+    message is held, and written with the body as one buffer."""
 
     __slots__ = ("_cycle", "_transport", "_start")
 
@@ -77,6 +78,17 @@ class DirectAnswer:
         self._cycle = cycle
         self._transport = transport
         self._start: Message | None = None
+
+    async def receive(self) -> Message:
+        """The body when it is all there (nearly every inference request: it comes in the headers' read); anything
+        else (a body still arriving, ``100 Continue`` to send, a client gone) is uvicorn's receive."""
+        cycle = self._cycle
+        if cycle.more_body or cycle.waiting_for_100_continue or cycle.disconnected or cycle.response_complete:
+            return cast(Message, await cycle.receive())
+        body = bytes(cycle.body)
+        cycle.body = bytearray()
+        cycle.message_event.clear()
+        return {"type": "http.request", "body": body, "more_body": False}
 
     async def send(self, message: Message) -> None:
         cycle = self._cycle
@@ -110,8 +122,9 @@ class DirectAnswer:
         cycle = self._cycle
         parts = [status_line(start["status"])]
         has_length = has_close = False
-        headers: list[tuple[bytes, bytes]] = [*cycle.default_headers, *start.get("headers", ())]
-        for name, value in headers:
+        for name, value in cycle.default_headers:  # the server's: date, and the keep-alive we set
+            parts += (name, b": ", value, b"\r\n")
+        for name, value in start.get("headers", ()):
             if _CONTROL.search(value):
                 raise RuntimeError(f"invalid value of response header {name!r}")
             if name == b"content-length":
