@@ -99,8 +99,6 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._timed = Phase.OTHER  # what the armed timer (if any) guards
         self._timer: asyncio.TimerHandle | None = None
         self._silent = True
-        self._direct: RequestResponseCycle | None = None
-        """The cycle last started on the inference lane directly: it writes its answer in one piece itself."""
         self._idle_since: float | None = None
         """Loop time since which the connection has waited for a next request (``None``: reading or serving one)."""
         self._keep_alive: asyncio.TimerHandle | None = None
@@ -143,7 +141,6 @@ class DeadlineProtocol(HttpToolsProtocol):
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self._unset_keepalive_if_required()
         self.flow.resume_reading()
         if self.pipeline:  # a pipelined request waits: its turn now
             cycle, app = self.pipeline.pop()
@@ -177,25 +174,22 @@ class DeadlineProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         self._phase = Phase.BODY
-        cycle = self.cycle
-        # None for an upgrade request, which leaves this protocol
-        if cycle is not None and cycle is not self._direct:
-            cycle.transport = OneWrite(self.transport, self.loop)  # type: ignore[assignment]
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         """uvicorn's hook for starting a request's ASGI task (from the headers, or a pipelined request's turn).
         Inference requests go to the lane directly unless the access log is asked for (uvicorn's send writes it)
         or uvicorn answers in place of the app (its concurrency limit). The setting decides, not whether the
-        access logger has handlers: a test's log capture must not send the suite down another path."""
+        access logger has handlers: a test's log capture must not send the suite down another path. Every other
+        request writes through ``OneWrite``; the lane writes its answer in one piece itself."""
         lane = self.lane
         direct = lane is not None and app is self.app and not self.config.access_log
         target = infer_target(cast(Scope, cycle.scope)) if direct else None
         if target is None:
+            cycle.transport = OneWrite(self.transport, self.loop)  # type: ignore[assignment]
             super()._start_asgi_task(cycle, app)
             return
         assert lane is not None
-        self._direct = cycle
-        task = self.loop.create_task(answer_inference(lane, cycle, target, self.transport))
+        task = self.loop.create_task(answer_inference(lane, cycle, target))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 

@@ -3,15 +3,15 @@
 For ``POST /v2/models/{m}[/versions/{v}]/infer`` the HTTP protocol (``connections.DeadlineProtocol``) starts
 ``answer_inference`` instead of uvicorn's ``run_asgi``: no proxy-headers middleware (nothing on this path reads the
 client address: requests that must be access-logged take uvicorn's way), no app dispatch, and the answer's head and
-body built and written together, once. The lane itself is unchanged and still speaks ASGI: it receives through the
-cycle uvicorn made for the request (body, flow control, ``100 Continue``, disconnects) and sends ``start`` then one
-``body`` message to ``DirectAnswer.send``. Measured on loopback, uvicorn's send path (two coroutine calls, a regex
+body built and written together, once. The lane itself is unchanged and still speaks ASGI: ``DirectAnswer.receive``
+hands over a body that arrived whole and leaves the rest to the cycle uvicorn made for the request (a body still
+arriving, flow control, ``100 Continue``, disconnects); the lane sends ``start`` then one ``body`` message to
+``DirectAnswer.send``. Measured on loopback, uvicorn's send path (two coroutine calls, a regex
 per header, a separate head write or OneWrite's deferred flush) cost a small request more than routing it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from http import HTTPStatus
@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, cast
 
 from starlette.types import Message, Scope
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
-
-from services.gateway.rest.one_write import OneWrite
 
 if TYPE_CHECKING:
     from services.gateway.rest.lane import InferLane
@@ -43,11 +41,10 @@ def status_line(status: int) -> bytes:
     return line
 
 
-async def answer_inference(
-    lane: InferLane, cycle: RequestResponseCycle, target: tuple[str, str | None], transport: asyncio.Transport
-) -> None:
+async def answer_inference(lane: InferLane, cycle: RequestResponseCycle, target: tuple[str, str | None]) -> None:
     """Run the lane for one request; what uvicorn's ``run_asgi`` does if the lane breaks its promise to answer."""
-    answer = DirectAnswer(cycle, transport)
+    transport = cycle.transport
+    answer = DirectAnswer(cycle)
     try:
         await lane(cast(Scope, cycle.scope), answer.receive, answer.send, *target)
     except BaseException as exc:  # the lane answers its own failures: this is a bug, or the server shutting down
@@ -72,11 +69,10 @@ class DirectAnswer:
     """``receive`` and ``send`` of one inference request: a body already whole is handed over as it is; the start
     message is held, and written with the body as one buffer."""
 
-    __slots__ = ("_cycle", "_transport", "_start")
+    __slots__ = ("_cycle", "_start")
 
-    def __init__(self, cycle: RequestResponseCycle, transport: asyncio.Transport) -> None:
+    def __init__(self, cycle: RequestResponseCycle) -> None:
         self._cycle = cycle
-        self._transport = transport
         self._start: Message | None = None
 
     async def receive(self) -> Message:
@@ -107,15 +103,12 @@ class DirectAnswer:
             # The lane sends one start and one whole body; anything else is a bug to see, not to stream.
             raise RuntimeError(f"the inference lane sent {kind!r} out of order")
         body: bytes = message.get("body", b"")
-        head = self._head(start, len(body))
-        held = cycle.transport
-        if isinstance(held, OneWrite):
-            held.flush()  # a "100 Continue" it holds goes first
-        self._transport.write(head + body)
+        transport = cycle.transport  # the connection's own: the lane's cycles write through no OneWrite
+        transport.write(self._head(start, len(body)) + body)
         cycle.response_complete = True
         cycle.message_event.set()
         if not cycle.keep_alive:
-            self._transport.close()
+            transport.close()
         cycle.on_response()
 
     def _head(self, start: Message, length: int) -> bytes:

@@ -49,19 +49,9 @@ def summary_lines(run: JSONObject) -> list[str]:
         lines.append(f"batch-latency curve (rows: ms): {points}")
     winner, defaults = run.get("winner"), run.get("defaults")
     if winner is not None:
-        top = winner["measurements"][-1]
-        lines.append(
-            f"winner: trial {winner['number']} {winner['label']}: {run['winner_throughput']:.0f} req/s at "
-            f"{top['concurrency']} clients (mean of its runs), worst p99 "
-            f"{max(m['p99_ms'] for m in winner['measurements']):.2f} ms"
-        )
+        lines.append(_trial_line("winner", winner, run["winner_throughput"]))
     if defaults is not None:
-        top = defaults["measurements"][-1]
-        lines.append(
-            f"current config.pbtxt: trial {defaults['number']} {defaults['label']}: {run['defaults_throughput']:.0f} "
-            f"req/s at {top['concurrency']} clients (mean of its runs), worst p99 "
-            f"{max(m['p99_ms'] for m in defaults['measurements']):.2f} ms"
-        )
+        lines.append(_trial_line("current config.pbtxt", defaults, run["defaults_throughput"]))
     published = run.get("published")
     if published:
         lines.append(f"written: {published['config']} (old one: {published['backup']}; trials: {published['table']})")
@@ -77,4 +67,13 @@ def progress_line(run: JSONObject) -> str:
     return (
         f"tuning '{run['model']}': {run.get('phase')} - trial {done}/{run.get('planned_trials') or '?'}, "
         f"{run.get('elapsed_s', 0):.0f} of {run['options']['budget_s']:g} s"
+    )
+
+
+def _trial_line(title: str, trial: dict[str, Any], throughput: float) -> str:
+    measurements = trial["measurements"]
+    return (
+        f"{title}: trial {trial['number']} {trial['label']}: {throughput:.0f} req/s at "
+        f"{measurements[-1]['concurrency']} clients (mean of its runs), worst p99 "
+        f"{max(m['p99_ms'] for m in measurements):.2f} ms"
     )
