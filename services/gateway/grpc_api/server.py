@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import grpc
 from tritonclient.grpc import service_pb2_grpc
 
@@ -22,6 +25,25 @@ PING_POLICY: list[tuple[str, int]] = [
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 300_000),
     ("grpc.http2.max_ping_strikes", 2),
 ]
+
+
+class GenericHandlersOnly:
+    """What the generated ``add_..._to_server`` sees of the server: it hands its method table over twice, as a generic
+    handler and as "registered methods"; only the generic one is kept. grpc.aio keeps a waiting task per registered
+    method and, for every call it accepts, waits on all of them again (``asyncio.wait``, FIRST_COMPLETED): with the
+    21 methods of the inference service that cost more CPU per ``ModelInfer`` than decoding and validating it. The
+    generic handler finds a method by one dict lookup."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]]
+    ) -> None:
+        return None  # the same table the generic handler holds
 
 
 async def start_server(
@@ -54,7 +76,7 @@ async def start_server(
         options.append(("grpc.server_handshake_timeout_ms", max(int(handshake_timeout_s * 1000), 1)))
     server = grpc.aio.server(options=options)
     servicer = InferenceServicer(dataplane, repository=repository)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, GenericHandlersOnly(server))
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
     return server, bound
