@@ -32,7 +32,7 @@ from naive_app import serve_naive
 from options import bench_parser
 from plot import plot
 from processes import free_port, gateway_command, grpc_process, process
-from report import print_report
+from report import median_rounds, print_report
 from result import Result
 from tritonclient.grpc import service_pb2
 from workload import MODELS, ROOT, ensure_repository, export_first_versions, latest_onnx
@@ -40,11 +40,15 @@ from workload import MODELS, ROOT, ensure_repository, export_first_versions, lat
 from services.tritonlocal import LocalTriton, TritonInstall
 
 
-async def measure(args: argparse.Namespace, urls: dict[str, str], pids: dict[str, int]) -> list[Result]:
-    """``urls``/``pids`` by server: gateway, grpc (the gateway's gRPC target), naive, floor, grpc-floor, triton."""
+async def measure(
+    args: argparse.Namespace, urls: dict[str, str], pids: dict[str, int], ceilings: dict[str, Path]
+) -> list[Result]:
+    """``urls``/``pids`` by server: gateway, grpc (the gateway's gRPC target), naive, floor, grpc-floor, triton.
+    ``ceilings``: each model's ONNX file, run in this process at batch 32 beside the gateway at the top level."""
     results: list[Result] = []
     rng = np.random.default_rng(1)
     json_headers = {"Content-Type": "application/json"}
+    top = max(args.concurrency)
     for model, (name, shape) in MODELS.items():
         row = rng.standard_normal((1, *shape)).astype(np.float32)
         binary, binary_headers = binary_body(name, row)
@@ -57,35 +61,52 @@ async def measure(args: argparse.Namespace, urls: dict[str, str], pids: dict[str
         for concurrency in args.concurrency:
             c, d, w = concurrency, args.duration, args.warmup
             gateway, floor, naive = urls["gateway"] + infer, urls["floor"] + infer, f"{urls['naive']}/predict/{model}"
-            # Coroutines, started one after the other below: gateway and baselines alternate at each level so that
-            # drift on the shared box hits all alike.
-            runs: list[tuple[str, str, Coroutine[Any, Any, tuple[int, float, list[float]]]]] = [
-                ("http-binary", "gateway", run_http(gateway, binary, binary_headers, c, d, w)),
-                ("naive-json", "naive", run_http(naive, naive_body, json_headers, c, d, w)),
-                ("grpc", "gateway", run_grpc(urls["grpc"], request, c, d, w)),
-                ("floor-json", "floor", run_http(floor, plain, json_headers, c, d, w)),
-                ("http-json", "gateway", run_http(gateway, plain, json_headers, c, d, w)),
-                ("floor-grpc", "grpc-floor", run_grpc(urls["grpc-floor"], request, c, d, w)),
-            ]
-            if "triton" in urls:
-                runs.append(("triton-json", "triton", run_http(urls["triton"] + infer, plain, json_headers, c, d, w)))
-            for mode, server, run in runs:
-                # Triton's CPU includes its python-backend stubs, which run in its process group.
-                watched = process_group(pids[server]) if server == "triton" else [pids[server]]
-                before = cpu_seconds(watched)
-                count, seconds, latencies = await run
-                spent = cpu_seconds(watched) - before
-                result = Result(model, mode, concurrency, count, seconds, latencies)
-                # The CPU was read around warmup + measured window: spread it over that many requests.
-                result.cpu_ms = spent * 1e3 / max(result.throughput * (seconds + args.warmup), 1.0)
-                results.append(result)
-                print(
-                    f"  {model:<10} {mode:<12} c={concurrency:<3} {result.throughput:8.0f} rows/s "
-                    f"p50 {result.percentile(50):6.2f} ms p99 {result.percentile(99):6.2f} ms "
-                    f"CPU {result.cpu_ms:.3f} ms/req",
-                    flush=True,
-                )
+            # The ratios the targets read are taken at the top level: there every mode runs in several rounds, in
+            # flipped order each round, and each ratio pairs the runs of one round (the report takes the median).
+            for round_index in range(args.rounds if concurrency == top else 1):
+                # Gateway and baselines alternate so that drift on the shared box hits all alike.
+                runs: list[tuple[str, str, Coroutine[Any, Any, tuple[int, float, list[float]]]]] = [
+                    ("http-binary", "gateway", run_http(gateway, binary, binary_headers, c, d, w)),
+                    ("naive-json", "naive", run_http(naive, naive_body, json_headers, c, d, w)),
+                    ("grpc", "gateway", run_grpc(urls["grpc"], request, c, d, w)),
+                    ("floor-json", "floor", run_http(floor, plain, json_headers, c, d, w)),
+                    ("http-json", "gateway", run_http(gateway, plain, json_headers, c, d, w)),
+                    ("floor-grpc", "grpc-floor", run_grpc(urls["grpc-floor"], request, c, d, w)),
+                ]
+                if "triton" in urls:
+                    triton = urls["triton"] + infer
+                    runs.append(("triton-json", "triton", run_http(triton, plain, json_headers, c, d, w)))
+                if concurrency == top:  # the ceiling next to the gateway's runs, not minutes before them
+                    runs.insert(1, ("in-process b32", "", _inprocess(model, ceilings[model], args)))
+                for mode, server, run in runs if round_index % 2 == 0 else reversed(runs):
+                    # Triton's CPU includes its python-backend stubs, which run in its process group.
+                    watched = process_group(pids[server]) if server == "triton" else [pids[server]] if server else []
+                    before = cpu_seconds(watched)
+                    count, seconds, latencies = await run
+                    spent = cpu_seconds(watched) - before
+                    if not server:
+                        result = Result(model, mode, 32, count, seconds, latencies, 32, round=round_index)
+                        print(f"  {model:<10} {mode:<14} {result.throughput:8.0f} rows/s "
+                              f"p50 {result.percentile(50):6.2f} ms", flush=True)
+                        results.append(result)
+                        continue
+                    result = Result(model, mode, concurrency, count, seconds, latencies, round=round_index)
+                    # The CPU was read around warmup + measured window: spread it over that many requests.
+                    result.cpu_ms = spent * 1e3 / max(result.throughput * (seconds + args.warmup), 1.0)
+                    results.append(result)
+                    print(
+                        f"  {model:<10} {mode:<14} c={concurrency:<3} {result.throughput:8.0f} rows/s "
+                        f"p50 {result.percentile(50):6.2f} ms p99 {result.percentile(99):6.2f} ms "
+                        f"CPU {result.cpu_ms:.3f} ms/req",
+                        flush=True,
+                    )
     return results
+
+
+async def _inprocess(model: str, path: Path, args: argparse.Namespace) -> tuple[int, float, list[float]]:
+    """The in-process ceiling as a run of the list: it blocks the loop, which has nothing else to do meanwhile."""
+    result = run_inprocess(model, path, 32, args.threads, args.duration, args.warmup)
+    return result.requests, result.seconds, result.latencies_ms
 
 
 def local_triton(repository: Path, logs: Path, wanted: bool) -> contextlib.AbstractContextManager[LocalTriton | None]:
@@ -104,6 +125,8 @@ def main() -> None:
                              "instances together (each of a model's instances gets its share)")
     parser.add_argument("--plot", type=Path, default=ROOT / "loadtests" / "results" / "bench.png")
     parser.add_argument("--no-triton", action="store_true", help="leave out the local Triton's HTTP front end")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds at the top client count, in flipped order; each target is the median round's")
     parser.add_argument("--serve-naive", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_naive:
@@ -118,6 +141,7 @@ def main() -> None:
             result = run_inprocess(
                 model, latest_onnx(repository, model), batch, args.threads, args.duration, args.warmup
             )
+            result.round = -1  # before the servers start: the targets pair the ceiling run beside the gateway's
             results.append(result)
             print(
                 f"  {model:<10} batch {batch:<3} {result.throughput:8.0f} rows/s p50 {result.percentile(50):6.2f} ms",
@@ -153,9 +177,10 @@ def main() -> None:
             urls["triton"], pids["triton"] = f"http://{triton.http_url}", triton.pid
             time.sleep(1.0)  # its python-backend stubs finish starting
         print("gateway vs baselines (closed loop, loopback):")
-        results += uvloop.run(measure(args, urls, pids))
+        ceilings = {model: latest_onnx(repository, model) for model in MODELS}
+        results += uvloop.run(measure(args, urls, pids, ceilings))
     print_report(results)
-    plot(results, args.plot)
+    plot(median_rounds(results), args.plot)
 
 
 if __name__ == "__main__":

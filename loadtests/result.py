@@ -18,6 +18,8 @@ class Result:
     rows_per_request: int = 1
     cpu_ms: float | None = None
     """CPU milliseconds the server process spent per request over the run (None: not measured)."""
+    round: int = 0
+    """Which round of a bench that repeats a level (-1: a run outside the rounds, paired with none)."""
 
     @property
     def throughput(self) -> float:
