@@ -130,7 +130,7 @@ class DataPlane:
                 validate(request, metadata)
                 if request.output_regions:
                     check_room(request, metadata)  # before the model runs, when the shapes tell
-                response = await self._admitted(request, version)
+                response, backend_seconds = await self._admitted(request, version)
             finally:
                 leases.release(model, version)
             if request.outputs is not None:
@@ -150,7 +150,7 @@ class DataPlane:
                 raise
             raise error from exc
         elapsed = time.perf_counter() - started
-        self.hops.served(model, version, elapsed)
+        self.hops.served(model, version, elapsed, backend_seconds)
         series = self.metrics.served(model, version, protocol)
         series.ok.inc()
         series.duration.observe(elapsed)
@@ -204,9 +204,9 @@ class DataPlane:
         error.request_id = request_id
         return error
 
-    async def _admitted(self, request: InferRequest, version: int) -> InferResponse:
+    async def _admitted(self, request: InferRequest, version: int) -> tuple[InferResponse, float]:
         """Deadline, then the model's concurrency gate, then the backend with what is left of the budget. The
-        backend call is timed: what the gateway adds around it is its hop (``Hops``)."""
+        backend call is timed (returned with the answer): what the gateway adds around it is its hop (``Hops``)."""
         deadline = request.deadline
         if deadline is not None and time.monotonic() >= deadline:
             raise self._expired(request, "before it could be queued")
@@ -239,8 +239,7 @@ class DataPlane:
         finally:
             if gate is not None:
                 gate.leave(time.perf_counter() - began)
-        self.hops.backend(request.model, version, time.perf_counter() - began)
-        return response
+        return response, time.perf_counter() - began
 
     @staticmethod
     def _expired(request: InferRequest, where: str) -> DeadlineExceeded:

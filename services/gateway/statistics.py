@@ -156,11 +156,11 @@ class Hops:
             hop = versions[version] = _Hop()
         return hop
 
-    def backend(self, model: str, version: int, seconds: float) -> None:
-        self._entry(model, version).backend.add(seconds)
-
-    def served(self, model: str, version: int, seconds: float) -> None:
-        self._entry(model, version).success.add(seconds)
+    def served(self, model: str, version: int, seconds: float, backend_seconds: float) -> None:
+        """A request answered in ``seconds``, of which it waited ``backend_seconds`` on the backend."""
+        hop = self._entry(model, version)
+        hop.success.add(seconds)
+        hop.backend.add(backend_seconds)
 
     def failed(self, model: str, version: int, seconds: float) -> None:
         self._entry(model, version).fail.add(seconds)

@@ -13,7 +13,8 @@ def validate(request: InferRequest, metadata: ModelMetadata) -> None:
     """Raise ``InvalidInput`` naming the tensor, with what was expected and what came."""
     specs = metadata.input_specs
     inputs = request.inputs
-    batching = metadata.max_batch_size > 0
+    largest = metadata.max_batch_size
+    batching = largest > 0
     for tensor in inputs:
         spec = specs.get(tensor.name)
         if spec is None:
@@ -22,7 +23,11 @@ def validate(request: InferRequest, metadata: ModelMetadata) -> None:
             )
         if tensor.datatype != spec.datatype:
             raise InvalidInput(f"input '{tensor.name}': expected datatype {spec.datatype}, got {tensor.datatype}")
-        _check_shape(tensor, spec, metadata, batching)
+        shape = tensor.shape
+        # The dims as declared (no -1 among them) and a batch in range pass at once; anything else is checked
+        # dim by dim, which also words the error.
+        if (shape[1:] != spec.dims or not 0 < shape[0] <= largest) if batching else shape != spec.dims:
+            _check_shape(tensor, spec, metadata, batching)
     if len(inputs) != len(specs) or len(inputs) > 1:
         _check_names(inputs, metadata)
     if request.outputs is not None:

@@ -7,6 +7,7 @@ import httpx
 import pytest
 from scripted_backend import ScriptedBackend
 
+from services.gateway.rest import lane
 from services.gateway.rest.lane import infer_target
 
 X = {"name": "x", "shape": [2, 4], "datatype": "FP32", "data": [1, 2, 3, 4, 5, 6, 7, 8]}
@@ -30,6 +31,19 @@ def test_infer_target_picks_only_inference_calls_when_given_a_request(
     method: str, path: str, root: str, target: tuple[str, str | None] | None
 ) -> None:
     assert infer_target({"type": "http", "method": method, "path": path, "root_path": root}) == target
+
+
+def test_infer_target_remembers_a_bounded_number_of_paths_when_clients_invent_model_names() -> None:
+    lane._TARGETS.clear()
+    names = [f"model-{i}" for i in range(lane.TARGETS_CACHED * 3)]
+    for _ in range(2):  # a second pass answers from what the first remembered, where it still is
+        for name in names:
+            assert infer_target({"type": "http", "method": "POST", "path": f"/v2/models/{name}/infer"}) == (name, None)
+            assert len(lane._TARGETS) <= lane.TARGETS_CACHED
+    long = "m" * lane.TARGET_PATH_CACHED
+    path = f"/v2/models/{long}/versions/2/infer"
+    assert infer_target({"type": "http", "method": "POST", "path": path}) == (long, "2")
+    assert path not in lane._TARGETS  # long paths are parsed each time
 
 
 async def test_get_on_an_inference_route_answers_405_when_fastapi_routes_it(client: httpx.AsyncClient) -> None:

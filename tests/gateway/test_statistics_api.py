@@ -54,8 +54,7 @@ def test_message_json_writes_numbers_and_zeros_when_triton_would() -> None:
 
 def test_hops_forget_a_version_when_it_is_no_longer_loaded() -> None:
     hops = Hops()
-    hops.backend("mlp", 1, 0.002)
-    hops.served("mlp", 1, 0.005)
+    hops.served("mlp", 1, 0.005, 0.002)
     hops.failed("mlp", 2, 0.001)
     assert hops.json("mlp", 1)["hop"] == {"count": 1, "ns": 3_000_000}
     hops.prune({"mlp": {2: VersionState.READY}})

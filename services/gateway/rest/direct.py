@@ -30,6 +30,18 @@ _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _STATUS_LINES: dict[int, bytes] = {}
 
 
+class _DefaultHeaders:
+    rendered: tuple[object, bytes] = (None, b"")
+    """The server's default headers (a list uvicorn replaces when the date changes) and their bytes, as one value
+    so that a server on another thread never reads one's list with the other's bytes."""
+
+
+class CheckedHeaders(list[tuple[bytes, bytes]]):
+    """Response headers built from constant names and values that are constants or integers, with a
+    ``content-length`` that is the body's: the direct answer writes them without looking at them again (any other
+    server sees a plain list)."""
+
+
 def status_line(status: int) -> bytes:
     line = _STATUS_LINES.get(status)
     if line is None:
@@ -113,10 +125,23 @@ class DirectAnswer:
 
     def _head(self, start: Message, length: int) -> bytes:
         cycle = self._cycle
-        parts = [status_line(start["status"])]
+        defaults = cycle.default_headers  # the server's: date, and the keep-alive we set
+        rendered = _DefaultHeaders.rendered
+        if rendered[0] is not defaults:
+            rendered = _DefaultHeaders.rendered = (defaults, b"".join([n + b": " + v + b"\r\n" for n, v in defaults]))
+        headers = start.get("headers", ())
+        if type(headers) is CheckedHeaders:
+            parts = [status_line(start["status"]), rendered[1]]
+            parts += [name + b": " + value + b"\r\n" for name, value in headers]
+            parts.append(b"\r\n" if cycle.keep_alive else b"connection: close\r\n\r\n")
+            return b"".join(parts)
+        return self._checked_head(start, length, rendered[1])
+
+    def _checked_head(self, start: Message, length: int, defaults: bytes) -> bytes:
+        """Headers from anywhere: each value checked, the length and ``Connection: close`` honoured."""
+        cycle = self._cycle
+        parts = [status_line(start["status"]), defaults]
         has_length = has_close = False
-        for name, value in cycle.default_headers:  # the server's: date, and the keep-alive we set
-            parts += (name, b": ", value, b"\r\n")
         for name, value in start.get("headers", ()):
             if _CONTROL.search(value):
                 raise RuntimeError(f"invalid value of response header {name!r}")

@@ -22,6 +22,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.region_tensors import tensor_regions
 from services.gateway.rest.body import check_length, read_body
 from services.gateway.rest.codec import decode_request, encode_response
+from services.gateway.rest.direct import CheckedHeaders
 from services.gateway.rest.responses import gateway_error_response, internal_error
 from services.gateway.shaping.keys import ANONYMOUS
 from services.gateway.versions import parse_version
@@ -44,8 +45,25 @@ def infer_target(scope: Scope) -> tuple[str, str | None] | None:
         return None
     path: str = scope["path"]
     root = scope.get("root_path")
-    if root and path.startswith(root):
-        path = path[len(root) :]
+    if root:
+        return _target(path[len(root) :] if path.startswith(root) else path)
+    target = _TARGETS.get(path)
+    if target is None:
+        target = _target(path)
+        if target is not None and len(path) <= TARGET_PATH_CACHED:
+            if len(_TARGETS) >= TARGETS_CACHED:  # clients may name models that do not exist: a bounded memory
+                _TARGETS.clear()
+            _TARGETS[path] = target
+    return target
+
+
+TARGETS_CACHED = 1024
+TARGET_PATH_CACHED = 256
+_TARGETS: dict[str, tuple[str, str | None]] = {}
+"""Inference paths seen, and their targets: parsing one costs more than a dict lookup on every request."""
+
+
+def _target(path: str) -> tuple[str, str | None] | None:
     if not (path.startswith(PREFIX) and path.endswith(SUFFIX)):
         return None
     parts = path[len(PREFIX) : -len(SUFFIX)].split("/")
@@ -113,16 +131,14 @@ class InferLane:
         except Exception as exc:
             await _internal_error(scope, receive, send, exc)
             return
-        answer = [
-            *(JSON_HEADERS if header_length_out is None else BINARY_HEADERS),
-            (b"content-length", b"%d" % len(content)),
-            (b"x-model-version", b"%d" % response.version),
-        ]
+        answer = CheckedHeaders(JSON_HEADERS if header_length_out is None else BINARY_HEADERS)
+        answer += ((b"content-length", b"%d" % len(content)), (b"x-model-version", b"%d" % response.version))
         if header_length_out is not None:
             answer.append((b"inference-header-content-length", b"%d" % header_length_out))
-        if limits:
-            answer += [(name.lower().encode(), value.encode()) for name, value in limits.items()]
-        await send({"type": "http.response.start", "status": 200, "headers": answer})
+        sent: list[tuple[bytes, bytes]] = answer
+        if limits:  # values from the limits file's numbers: the usual check, as for any other answer
+            sent = [*answer, *((name.lower().encode(), value.encode()) for name, value in limits.items())]
+        await send({"type": "http.response.start", "status": 200, "headers": sent})
         await send({"type": "http.response.body", "body": content})
 
 
