@@ -56,10 +56,22 @@ class BatchPolicy:
 
 
 class DynamicBatcher:
-    def __init__(self, execute: Execute, policy: BatchPolicy, observer: Observer | None = None) -> None:
+    def __init__(
+        self,
+        execute: Execute,
+        policy: BatchPolicy,
+        observer: Observer | None = None,
+        *,
+        beside: Callable[[int], bool] | None = None,
+    ) -> None:
+        """``beside(rows)``: whether a batch of that many rows runs at the same time as the others' (on a worker
+        thread); ``None``: always, as ``execute`` then never holds the loop."""
         self._execute = execute
         self._policy = policy
         self._observer = observer
+        self._beside = beside
+        self._share = -(-policy.max_batch_size // max(policy.instances, 1))
+        """Rows a forming batch stops at while another instance is idle (all of them with one instance)."""
         self._queue = RankedQueue()
         self._deadlines = BatchDeadlines()
         self._workers: list[asyncio.Task[None]] = []
@@ -153,6 +165,9 @@ class DynamicBatcher:
                 # which must unmap when the client unregisters it, not when the next request comes.
                 batch = []
                 self._busy -= 1
+                if self._wanted:  # a batch forming meanwhile may hold this instance's share by now
+                    assert self._wakeup is not None
+                    self._wakeup.set()
                 await self._notify_idle()
 
     async def _notify_idle(self) -> None:
@@ -205,8 +220,14 @@ class DynamicBatcher:
         # One timer per batch, not one per arrival: it ends the wait, the arrivals in between only wake the loop.
         timer: asyncio.TimerHandle | None = None
         self._flush_due = False
+        workers = len(self._workers)
         try:
             while rows < self._target:
+                if rows >= self._share and self._busy < workers and (self._beside is None or self._beside(rows)):
+                    # Another instance waits with nothing to run: the rest of the queue is its batch. Growing this
+                    # one alone would send every client into one batch at a time, and in a closed loop they would
+                    # stay that way, one instance working while the others wait.
+                    break
                 if self._queue:
                     nxt = self._take()
                     if nxt is None:

@@ -86,6 +86,39 @@ async def test_batcher_runs_batches_in_parallel_when_instances_above_one() -> No
     assert execute.max_running == 3
 
 
+async def test_batcher_splits_a_burst_between_instances_when_another_one_is_idle() -> None:
+    execute = Recorder(delay_s=0.2)
+    batcher = await started(execute, max_batch_size=32, instances=2, max_queue_delay_s=0.01)
+    outputs = await asyncio.wait_for(asyncio.gather(*(batcher.submit(rows(1, i)) for i in range(32))), 2.0)
+    await batcher.close()
+    # Half the burst each, side by side; one batch of 32 would leave the other instance idle throughout.
+    assert execute.batches == [16, 16]
+    assert execute.max_running == 2
+    assert [int(o["n"][0]) for o in outputs] == [*range(16), *range(16)]
+
+
+async def test_batcher_runs_a_held_share_when_the_busy_instance_becomes_idle() -> None:
+    execute = Recorder(delay_s=0.05)
+    batcher = await started(execute, max_batch_size=32, instances=2, max_queue_delay_s=5.0)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await asyncio.wait_for(asyncio.gather(*(batcher.submit(rows(1, i)) for i in range(32))), 2.0)
+    await batcher.close()
+    assert execute.batches == [16, 16]
+    assert loop.time() - began < 1.0  # the second half ran once the first instance was free, not after the delay
+
+
+async def test_batcher_fills_one_batch_when_its_runs_would_not_go_beside_another() -> None:
+    execute = Recorder(delay_s=0.01)
+    batcher = DynamicBatcher(
+        execute, BatchPolicy(max_batch_size=32, instances=2, max_queue_delay_s=5.0), beside=lambda rows: False
+    )
+    await batcher.start()
+    await asyncio.wait_for(asyncio.gather(*(batcher.submit(rows(1, i)) for i in range(32))), 2.0)
+    await batcher.close()
+    assert execute.batches == [32]  # runs that hold the loop gain nothing from smaller batches
+
+
 async def test_batcher_keeps_requests_apart_when_dynamic_batching_off() -> None:
     execute = Recorder(delay_s=0.005)
     batcher = await started(execute, max_batch_size=8, merge=False)

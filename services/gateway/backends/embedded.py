@@ -145,6 +145,7 @@ class EmbeddedBackend:
             placement.execute,
             _policy(config, instances, self._adaptive_delay, self._max_queue),
             self._observer(model, version, slot.statistics),
+            beside=placement.on_thread,
         )
         slot.placement = placement
         slot.pool = pool

@@ -56,6 +56,10 @@ class Placement:
         self.inline_runs = 0
         self.thread_runs = 0
 
+    def on_thread(self, rows: int) -> bool:
+        """Whether a batch of ``rows`` goes to a worker thread (beside other batches) rather than inline."""
+        return not (self.cost.runs and self.cost.seconds(rows) < self._below)
+
     async def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
         rows = self._rows(inputs)
         if self.cost.runs and self.cost.seconds(rows) < self._below:
