@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -12,7 +13,7 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from services.gateway.dataplane import DataPlane
-from services.gateway.errors import GatewayError, ModelNotFound
+from services.gateway.errors import DeadlineExceeded, GatewayError, ModelNotFound
 from services.gateway.grpc_api import shared_memory
 from services.gateway.grpc_api.codec import decode_request, encode_metadata, encode_response, parse_version
 from services.gateway.grpc_api.repository import RepositoryService
@@ -165,6 +166,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             response = await dataplane.infer(decoded, protocol=PROTOCOL, header=lookup)
         except GatewayError as exc:  # counted by the dataplane
             return await _abort(context, exc)
+        except asyncio.CancelledError:
+            # gRPC cancels the call when its deadline passes, and that can come before the gateway's own timer for
+            # the same instant: count it as the deadline refusal it is (a client's own cancel is not one).
+            remaining = context.time_remaining()
+            if remaining is not None and remaining <= 0:
+                expired = DeadlineExceeded(f"request to model '{decoded.model}': its deadline passed")
+                dataplane.record_error(decoded.model, decoded.version, PROTOCOL, expired, tenant)
+            raise
         if limits:
             context.set_trailing_metadata(tuple((name.lower(), value) for name, value in limits.items()))
         return encode_response(response)
