@@ -6,53 +6,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 from services.gateway.batch_deadlines import QUEUED, BatchDeadlines
+from services.gateway.batch_policy import BatchPolicy, ExecutedBatch, Observer
 from services.gateway.batch_queue import QueuedRequest, RankedQueue, Tensors
 from services.gateway.errors import DeadlineExceeded, GatewayError, InferenceFailed, Overloaded
 from services.gateway.types import Array
 
 Execute = Callable[[dict[str, Array]], Awaitable[dict[str, Array]]]
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutedBatch:
-    """One batch the batcher ran, as its observer sees it (seconds)."""
-
-    rows: int
-    waits: list[float]
-    """Queue wait of each request in the batch: from its arrival to the batch starting."""
-    merge_s: float
-    """Merging the requests' inputs into the batch."""
-    execute_s: float
-    """The runtime's run, the hop to its thread included."""
-    split_s: float
-    """Checking the outputs and slicing them back to each caller."""
-
-
-Observer = Callable[[ExecutedBatch], None]
-"""Called once per executed batch, after its callers have their outputs."""
-
-
-@dataclass(frozen=True)
-class BatchPolicy:
-    max_batch_size: int
-    """0: the model has no batch dim, every request runs alone."""
-    preferred_batch_sizes: tuple[int, ...] = ()
-    max_queue_delay_s: float = 0.0
-    instances: int = 1
-    merge: bool = True
-    """False when the config has no ``dynamic_batching``: requests still queue but run one by one."""
-    max_queue_size: int = 0
-    """Requests queued at most (0: unbounded); beyond it the lowest priority is refused with 503."""
-    default_timeout_s: float = 0.0
-    """0: requests wait in the queue as long as needed."""
-    adaptive_delay: bool = True
-    """Spend ``max_queue_delay_s`` only while recent batches were bigger than the one being formed: a
-    lone closed-loop client never waits for company that cannot come; under load batches still fill."""
 
 
 class DynamicBatcher:

@@ -16,7 +16,7 @@ from typing import Any
 from tritonclient.grpc import service_pb2
 
 from services.gateway.backends.base import Backend
-from services.gateway.batcher import ExecutedBatch
+from services.gateway.batch_policy import ExecutedBatch
 from services.gateway.errors import ModelNotFound
 from services.gateway.repository import Catalog
 from services.gateway.types import VersionState

@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from services.gateway.batcher import BatchPolicy, DynamicBatcher
+from services.gateway.batch_policy import BatchPolicy
+from services.gateway.batcher import DynamicBatcher
 from services.gateway.errors import DeadlineExceeded, InvalidInput, Overloaded
 from services.gateway.shaping.admission import AdaptiveLimit, ModelGate
 from services.gateway.shaping.deadlines import Deadlines, Priorities

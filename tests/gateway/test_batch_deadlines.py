@@ -12,7 +12,8 @@ import pytest
 import uvloop
 
 from services.gateway.batch_deadlines import QUEUED, RUNNING
-from services.gateway.batcher import BatchPolicy, DynamicBatcher
+from services.gateway.batch_policy import BatchPolicy
+from services.gateway.batcher import DynamicBatcher
 from services.gateway.errors import DeadlineExceeded
 from services.gateway.types import Array
 

@@ -7,7 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from services.gateway.batcher import BatchPolicy, DynamicBatcher, ExecutedBatch
+from services.gateway.batch_policy import BatchPolicy, ExecutedBatch
+from services.gateway.batcher import DynamicBatcher
 from services.gateway.errors import DeadlineExceeded, GatewayError, InferenceFailed, Overloaded
 from services.gateway.types import Array
 

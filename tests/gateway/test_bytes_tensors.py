@@ -18,7 +18,8 @@ from tritonclient.grpc import service_pb2
 from tritonclient.http import InferResult
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from services.gateway.batcher import BatchPolicy, DynamicBatcher
+from services.gateway.batch_policy import BatchPolicy
+from services.gateway.batcher import DynamicBatcher
 from services.gateway.bytes_tensors import deserialize, serialize
 from services.gateway.errors import InvalidInput
 from services.gateway.grpc_api import codec as grpc_codec

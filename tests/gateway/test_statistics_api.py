@@ -10,7 +10,7 @@ from pydantic import SecretStr
 from scripted_backend import ScriptedBackend
 
 from services.gateway import Settings, create_app
-from services.gateway.batcher import ExecutedBatch
+from services.gateway.batch_policy import ExecutedBatch
 from services.gateway.errors import InferenceFailed
 from services.gateway.rest.messages import message_json
 from services.gateway.statistics import Hops, VersionStatistics

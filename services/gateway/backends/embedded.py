@@ -18,7 +18,8 @@ from services.gateway import repository
 from services.gateway.backends.base import describe_problem
 from services.gateway.backends.placement import Placement
 from services.gateway.backends.runners import Runner, UnsupportedModel, build_runner, check_supported, runtime_inputs
-from services.gateway.batcher import BatchPolicy, DynamicBatcher, ExecutedBatch, Observer
+from services.gateway.batch_policy import BatchPolicy, ExecutedBatch, Observer
+from services.gateway.batcher import DynamicBatcher
 from services.gateway.errors import GatewayError, ModelNotFound, ModelNotReady
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.statistics import VersionStatistics

@@ -62,7 +62,7 @@ class Placement:
 
     async def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
         rows = self._rows(inputs)
-        if self.cost.runs and self.cost.seconds(rows) < self._below:
+        if not self.on_thread(rows):
             began = time.thread_time()
             outputs = self._run(inputs)
             self.cost.add(rows, time.thread_time() - began)

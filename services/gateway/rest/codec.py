@@ -17,7 +17,7 @@ from services.gateway.bytes_tensors import BYTES, from_binary, has_json_form
 from services.gateway.datatypes import checked_shape, numpy_dtype, shaped
 from services.gateway.errors import InvalidInput
 from services.gateway.region_tensors import NO_REGIONS, RegionSlice, TensorRegions, names_region
-from services.gateway.rest.values import NATIVE, described, from_json, native_json, to_json
+from services.gateway.rest.values import described, from_json, native_json, to_json
 from services.gateway.types import Array, InferInput, InferRequest, InferResponse, as_bytes
 from services.gateway.versions import MAX_DIGITS, shown
 
@@ -95,19 +95,22 @@ def encode_response(response: InferResponse, fmt: OutputFormat) -> tuple[bytes, 
         outputs: list[dict[str, Any]] = []
         for output in response.outputs:
             data = output.data
-            if output.region is not None or data.dtype not in NATIVE:
+            native = native_json(data) if output.region is None else None
+            if native is None:
                 return _encoded(response, fmt)
-            # ravel: a view when the array is C-contiguous (a row of a batch's output is); orjson writes it natively
-            outputs.append({"name": output.name, "datatype": output.datatype, "shape": data.shape,
-                            "data": data.ravel()})  # fmt: skip
-        head: dict[str, Any] = {"model_name": response.model, "model_version": str(response.version)}
-        if response.id:
-            head["id"] = response.id
-        head["outputs"] = outputs
-        encoded = orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY)
+            outputs.append({"name": output.name, "datatype": output.datatype, "shape": data.shape, "data": native})
+        encoded = orjson.dumps(_head(response, outputs), option=orjson.OPT_SERIALIZE_NUMPY)
         if b"null" not in encoded:  # orjson writes a non-finite float as null (a name holding "null" only costs time)
             return encoded, None
     return _encoded(response, fmt)
+
+
+def _head(response: InferResponse, outputs: list[dict[str, Any]]) -> dict[str, Any]:
+    head: dict[str, Any] = {"model_name": response.model, "model_version": str(response.version)}
+    if response.id:
+        head["id"] = response.id
+    head["outputs"] = outputs
+    return head
 
 
 def _encoded(response: InferResponse, fmt: OutputFormat) -> tuple[bytes, int | None]:
@@ -134,10 +137,7 @@ def _encoded(response: InferResponse, fmt: OutputFormat) -> tuple[bytes, int | N
                 if native.dtype.kind == "f":
                     floats.append((entry, data))
         outputs.append(entry)
-    head: dict[str, Any] = {"model_name": response.model, "model_version": str(response.version)}
-    if response.id:
-        head["id"] = response.id
-    head["outputs"] = outputs
+    head = _head(response, outputs)
     encoded = orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY)
     if floats and b"null" in encoded:  # a non-finite float written as null (or a name holding "null": harmless)
         for entry, data in floats:

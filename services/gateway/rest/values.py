@@ -49,7 +49,7 @@ def from_json(data: object, shape: tuple[int, ...], dtype: np.dtype[Any], dataty
     return shaped(_converted(values, kinds, dtype, datatype, tensor), shape, tensor)
 
 
-NATIVE = frozenset(
+_NATIVE = frozenset(
     np.dtype(t)
     for t in (np.float32, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
               np.bool_)  # fmt: skip
@@ -62,7 +62,7 @@ def native_json(array: Array) -> Array | None:
     booleans; ``None`` for the rest (``to_json``). Non-finite floats come out as ``null`` that way: the caller
     checks the encoded answer for ``null`` and writes float outputs again with ``to_json`` when it finds one, which
     is cheaper than looking for non-finite values in every output of every answer."""
-    if array.dtype in NATIVE:
+    if array.dtype in _NATIVE:
         return array.ravel()  # a view when the array is C-contiguous (a row of a batch's output is)
     return None
 
