@@ -40,5 +40,6 @@ class BatchPolicy:
     default_timeout_s: float = 0.0
     """0: requests wait in the queue as long as needed."""
     adaptive_delay: bool = True
-    """Spend ``max_queue_delay_s`` only while recent batches were bigger than the one being formed: a
-    lone closed-loop client never waits for company that cannot come; under load batches still fill."""
+    """Spend ``max_queue_delay_s`` only while recent batches were bigger than the one being formed (a lone
+    closed-loop client never waits for company that cannot come; under load batches still fill), and only when a
+    bigger batch is expected to cost less per row (the batcher's ``worth_waiting``)."""

@@ -26,13 +26,17 @@ class DynamicBatcher:
         observer: Observer | None = None,
         *,
         beside: Callable[[int], bool] | None = None,
+        worth_waiting: Callable[[int, int], bool] | None = None,
     ) -> None:
         """``beside(rows)``: whether a batch of that many rows runs at the same time as the others' (on a worker
-        thread); ``None``: always, as ``execute`` then never holds the loop."""
+        thread); ``None``: always, as ``execute`` then never holds the loop. ``worth_waiting(rows, full)``: whether
+        growing a batch of ``rows`` towards ``full`` is expected to make it cheaper per row (with the policy's
+        ``adaptive_delay``; ``None``: always)."""
         self._execute = execute
         self._policy = policy
         self._observer = observer
         self._beside = beside
+        self._worth_waiting = worth_waiting if policy.adaptive_delay else None
         self._share = -(-policy.max_batch_size // max(policy.instances, 1))
         """Rows a forming batch stops at while another instance is idle (all of them with one instance)."""
         self._queue = RankedQueue()
@@ -207,6 +211,8 @@ class DynamicBatcher:
                     remaining = flush_at - time.monotonic()
                     if remaining <= 0:
                         break
+                    if self._worth_waiting is not None and not self._worth_waiting(rows, self._target):
+                        break  # company would not make the batch cheaper per row: run what is here
                     timer = asyncio.get_running_loop().call_later(remaining, self._flush)
                 # Woken when the queue could fill the batch or the delay is over, not by every arrival: each wake-up
                 # is a task switch, and while a batch forms under load most arrivals would only add one row.

@@ -81,8 +81,9 @@ class Settings(BaseSettings):
     intra_op_spinning: bool = False
     """Let onnxruntime's idle threads spin: lower latency, but they compete with the event loop for CPU."""
     batch_adaptive_delay: bool = True
-    """Spend a model's ``max_queue_delay_microseconds`` only while recent batches were bigger than the
-    one being formed (False: always wait for it, exactly as Triton does)."""
+    """Spend a model's ``max_queue_delay_microseconds`` only while recent batches were bigger than the one being
+    formed, and only when the model's measured runs show a bigger batch costs less per row (False: always wait for
+    it, exactly as Triton does)."""
     inline_batch_us: float = 200.0
     """Embedded backend: run a batch on the event loop's thread when it is expected to take less than this many
     microseconds (a tiny model), instead of handing it to the version's worker threads (0: always hand it over)."""

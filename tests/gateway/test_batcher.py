@@ -246,3 +246,32 @@ async def test_batcher_close_answers_requests_held_by_a_forming_batch_when_close
     with pytest.raises(GatewayError, match="unloaded") as caught:
         await asyncio.wait_for(pending, timeout=2.0)
     assert caught.value.status == 503
+
+
+async def lone_request_seconds(worth_waiting: bool, adaptive_delay: bool) -> float:
+    execute = Recorder()
+    batcher = DynamicBatcher(
+        execute,
+        BatchPolicy(max_batch_size=32, max_queue_delay_s=0.3, adaptive_delay=adaptive_delay),
+        worth_waiting=lambda rows, full: worth_waiting,
+    )
+    await batcher.start()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await batcher.submit(rows(1, 0))
+    took = loop.time() - began
+    await batcher.close()
+    assert execute.batches == [1]
+    return took
+
+
+async def test_batcher_runs_without_queue_delay_when_company_would_not_be_cheaper_per_row() -> None:
+    assert await lone_request_seconds(worth_waiting=False, adaptive_delay=True) < 0.15
+
+
+async def test_batcher_spends_queue_delay_when_company_would_be_cheaper_per_row() -> None:
+    assert await lone_request_seconds(worth_waiting=True, adaptive_delay=True) >= 0.25
+
+
+async def test_batcher_spends_queue_delay_regardless_of_cost_when_adaptive_delay_off() -> None:
+    assert await lone_request_seconds(worth_waiting=False, adaptive_delay=False) >= 0.25

@@ -67,3 +67,47 @@ def test_run_cost_scales_up_with_rows_when_one_batch_size_was_seen() -> None:
     cost.add(1, 50e-6)
     assert cost.seconds(1) == 50e-6
     assert cost.seconds(4) == 200e-6
+
+
+def test_run_cost_saving_is_most_of_the_cost_when_runs_are_mostly_a_fixed_part() -> None:
+    cost = RunCost()
+    for _ in range(20):
+        for rows in (1, 8, 32):
+            cost.add(rows, 20e-6 + rows * 1e-6)
+    saving = cost.saving(1, 32)
+    assert saving is not None
+    assert abs(saving - (1 - (52e-6 / 32) / 21e-6)) < 0.02
+
+
+def test_run_cost_saving_is_unknown_when_one_batch_size_was_seen() -> None:
+    cost = RunCost()
+    for _ in range(20):
+        cost.add(4, 40e-6)
+    assert cost.saving(1, 32) is None
+
+
+def run_costing_per_row(fixed_s: float, per_row_s: float):  # type: ignore[no-untyped-def]
+    def run(inputs: dict[str, Array]) -> dict[str, Array]:
+        busy(fixed_s + per_row_s * inputs["x"].shape[0])
+        return {"y": inputs["x"] * 2}
+
+    return run
+
+
+async def worth_waiting_after_runs(fixed_s: float, per_row_s: float) -> tuple[bool, bool]:
+    """``worth_waiting(1, 8)`` before and after a few runs of 1, 4 and 8 rows on a worker thread."""
+    with ThreadPoolExecutor(1) as pool:
+        placement = Placement(run_costing_per_row(fixed_s, per_row_s), pool, batching=True, inline_below_s=0.0)
+        before = placement.worth_waiting(1, 8)
+        for _ in range(4):
+            for rows in (1, 4, 8):
+                await placement.execute({"x": np.ones((rows, 2), np.float32)})
+    return before, placement.worth_waiting(1, 8)
+
+
+async def test_placement_stops_waiting_for_company_when_runs_cost_the_same_per_row() -> None:
+    assert await worth_waiting_after_runs(0.0, 0.002) == (True, False)
+
+
+async def test_placement_keeps_waiting_for_company_when_runs_are_mostly_a_fixed_part() -> None:
+    assert await worth_waiting_after_runs(0.004, 0.0001) == (True, True)

@@ -147,6 +147,7 @@ class EmbeddedBackend:
             _policy(config, instances, self._adaptive_delay, self._max_queue),
             self._observer(model, version, slot.statistics),
             beside=placement.on_thread,
+            worth_waiting=placement.worth_waiting,
         )
         slot.placement = placement
         slot.pool = pool
