@@ -43,6 +43,8 @@ class DynamicBatcher:
         self._deadlines = BatchDeadlines()
         self._workers: list[asyncio.Task[None]] = []
         self._busy = 0
+        self._draining = 0
+        """Callers waiting in ``drain``."""
         # Created in start() so that they belong to the running loop.
         self._wakeup: asyncio.Event | None = None
         self._forming: asyncio.Lock | None = None
@@ -107,8 +109,12 @@ class DynamicBatcher:
     async def drain(self) -> None:
         """Wait until nothing is queued or executing."""
         assert self._idle is not None
-        async with self._idle:
-            await self._idle.wait_for(lambda: not self._queue and self._busy == 0)
+        self._draining += 1
+        try:
+            async with self._idle:
+                await self._idle.wait_for(lambda: not self._queue and self._busy == 0)
+        finally:
+            self._draining -= 1
 
     async def close(self) -> None:
         for task in self._workers:
@@ -135,7 +141,8 @@ class DynamicBatcher:
                 if self._wanted:  # a batch forming meanwhile may hold this instance's share by now
                     assert self._wakeup is not None
                     self._wakeup.set()
-                await self._notify_idle()
+                if self._draining:  # nobody else waits for the batcher to go idle: no lock to take per batch
+                    await self._notify_idle()
 
     async def _notify_idle(self) -> None:
         assert self._idle is not None

@@ -8,6 +8,7 @@ import pytest
 from scripted_backend import ScriptedBackend
 
 from services.gateway.rest import lane
+from services.gateway.rest.direct import AnswerHeaders
 from services.gateway.rest.lane import infer_target
 
 X = {"name": "x", "shape": [2, 4], "datatype": "FP32", "data": [1, 2, 3, 4, 5, 6, 7, 8]}
@@ -69,3 +70,15 @@ async def test_malformed_version_in_the_path_answers_400_when_the_lane_parses_it
     response = await client.post("/v2/models/double/versions/01/infer", json={"inputs": [X]})
     assert response.status_code == 400
     assert "versions are decimal integers" in response.json()["error"]
+
+
+@pytest.mark.parametrize("header_length", [None, 57])
+def test_answer_headers_render_the_pairs_other_servers_iterate_when_written_directly(header_length: int | None) -> None:
+    headers = AnswerHeaders(1234, 7, header_length)
+    pairs = list(headers)
+    assert headers.rendered() == b"".join(name + b": " + value + b"\r\n" for name, value in pairs)
+    assert dict(pairs)[b"content-length"] == b"1234"
+    assert dict(pairs)[b"x-model-version"] == b"7"
+    binary = header_length is not None
+    assert dict(pairs)[b"content-type"] == (b"application/octet-stream" if binary else b"application/json")
+    assert dict(pairs).get(b"inference-header-content-length") == (b"57" if binary else None)

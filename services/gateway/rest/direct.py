@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
 from http import HTTPStatus
 from typing import TYPE_CHECKING, cast
 
@@ -36,10 +37,37 @@ class _DefaultHeaders:
     so that a server on another thread never reads one's list with the other's bytes."""
 
 
-class CheckedHeaders(list[tuple[bytes, bytes]]):
-    """Response headers built from constant names and values that are constants or integers, with a
-    ``content-length`` that is the body's: the direct answer writes them without looking at them again (any other
-    server sees a plain list)."""
+class AnswerHeaders:
+    """An inference answer's own headers, from constants and integers, with a ``content-length`` that is its body's:
+    the direct answer writes ``rendered()`` as it is; any other server iterates the ``(name, value)`` pairs."""
+
+    __slots__ = ("length", "version", "header_length")
+
+    def __init__(self, length: int, version: int, header_length: int | None) -> None:
+        self.length = length
+        self.version = version
+        self.header_length = header_length
+        """The JSON part's length when binary outputs follow it (``None``: the body is all JSON)."""
+
+    def rendered(self) -> bytes:
+        if self.header_length is None:
+            return _JSON_HEAD % (self.length, self.version)
+        return _BINARY_HEAD % (self.length, self.version, self.header_length)
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
+        binary = self.header_length is not None
+        yield b"content-type", b"application/octet-stream" if binary else b"application/json"
+        yield b"content-length", b"%d" % self.length
+        yield b"x-model-version", b"%d" % self.version
+        if self.header_length is not None:
+            yield b"inference-header-content-length", b"%d" % self.header_length
+
+
+_JSON_HEAD = b"content-type: application/json\r\ncontent-length: %d\r\nx-model-version: %d\r\n"
+_BINARY_HEAD = (
+    b"content-type: application/octet-stream\r\ncontent-length: %d\r\nx-model-version: %d\r\n"
+    b"inference-header-content-length: %d\r\n"
+)
 
 
 def status_line(status: int) -> bytes:
@@ -130,11 +158,9 @@ class DirectAnswer:
         if rendered[0] is not defaults:
             rendered = _DefaultHeaders.rendered = (defaults, b"".join([n + b": " + v + b"\r\n" for n, v in defaults]))
         headers = start.get("headers", ())
-        if type(headers) is CheckedHeaders:
-            parts = [status_line(start["status"]), rendered[1]]
-            parts += [name + b": " + value + b"\r\n" for name, value in headers]
-            parts.append(b"\r\n" if cycle.keep_alive else b"connection: close\r\n\r\n")
-            return b"".join(parts)
+        if type(headers) is AnswerHeaders:
+            end = b"\r\n" if cycle.keep_alive else b"connection: close\r\n\r\n"
+            return b"".join((status_line(start["status"]), rendered[1], headers.rendered(), end))
         return self._checked_head(start, length, rendered[1])
 
     def _checked_head(self, start: Message, length: int, defaults: bytes) -> bytes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from fastapi import FastAPI
 from starlette.requests import ClientDisconnect
@@ -22,7 +22,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.region_tensors import tensor_regions
 from services.gateway.rest.body import check_length, read_body
 from services.gateway.rest.codec import decode_request, encode_response
-from services.gateway.rest.direct import CheckedHeaders
+from services.gateway.rest.direct import AnswerHeaders
 from services.gateway.rest.responses import gateway_error_response, internal_error
 from services.gateway.shaping.keys import ANONYMOUS
 from services.gateway.versions import parse_version
@@ -32,8 +32,6 @@ DISCONNECTED = 499
 """Counted (never sent) when the client went away before its request body arrived: nginx's code for it."""
 PREFIX = "/v2/models/"
 SUFFIX = "/infer"
-JSON_HEADERS = ((b"content-type", b"application/json"),)
-BINARY_HEADERS = ((b"content-type", b"application/octet-stream"),)
 log = logging.getLogger(__name__)
 
 
@@ -131,11 +129,8 @@ class InferLane:
         except Exception as exc:
             await _internal_error(scope, receive, send, exc)
             return
-        answer = CheckedHeaders(JSON_HEADERS if header_length_out is None else BINARY_HEADERS)
-        answer += ((b"content-length", b"%d" % len(content)), (b"x-model-version", b"%d" % response.version))
-        if header_length_out is not None:
-            answer.append((b"inference-header-content-length", b"%d" % header_length_out))
-        sent: list[tuple[bytes, bytes]] = answer
+        answer = AnswerHeaders(len(content), response.version, header_length_out)
+        sent: Iterable[tuple[bytes, bytes]] = answer
         if limits:  # values from the limits file's numbers: the usual check, as for any other answer
             sent = [*answer, *((name.lower().encode(), value.encode()) for name, value in limits.items())]
         await send({"type": "http.response.start", "status": 200, "headers": sent})
