@@ -151,20 +151,15 @@ class Hops:
 
     def _entry(self, model: str, version: int) -> _Hop:
         # Only routed requests land here: the models and versions are ones the repository knows.
-        versions = self._models.get(model)
-        if versions is None:
-            versions = self._models[model] = {}
-        hop = versions.get(version)
-        if hop is None:
-            hop = versions[version] = _Hop()
-        return hop
+        try:
+            return self._models[model][version]  # every request after a version's first
+        except KeyError:
+            hop = self._models.setdefault(model, {})[version] = _Hop()
+            return hop
 
     def served(self, model: str, version: int, seconds: float, backend_seconds: float) -> None:
         """A request answered in ``seconds``, of which it waited ``backend_seconds`` on the backend."""
-        try:
-            hop = self._models[model][version]
-        except KeyError:
-            hop = self._entry(model, version)
+        hop = self._entry(model, version)
         hop.served += 1
         hop.success_ns += int(seconds * 1e9)
         hop.backend_ns += int(backend_seconds * 1e9)

@@ -55,12 +55,12 @@ class AnswerHeaders:
         return _BINARY_HEAD % (self.length, self.version, self.header_length)
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
-        binary = self.header_length is not None
-        yield b"content-type", b"application/octet-stream" if binary else b"application/json"
+        header_length = self.header_length
+        yield b"content-type", b"application/json" if header_length is None else b"application/octet-stream"
         yield b"content-length", b"%d" % self.length
         yield b"x-model-version", b"%d" % self.version
-        if self.header_length is not None:
-            yield b"inference-header-content-length", b"%d" % self.header_length
+        if header_length is not None:
+            yield b"inference-header-content-length", b"%d" % header_length
 
 
 _JSON_HEAD = b"content-type: application/json\r\ncontent-length: %d\r\nx-model-version: %d\r\n"
