@@ -13,11 +13,11 @@ class ExecutedBatch:
 
     rows: int
     waits: list[float]
-    """Queue wait of each request in the batch: from its arrival to the batch starting."""
+    """Queue wait of each request in the batch: from its arrival to the batch's run starting on a thread."""
     merge_s: float
     """Merging the requests' inputs into the batch."""
     execute_s: float
-    """The runtime's run, the hop to its thread included."""
+    """The runtime's run, from its start on a thread (the wait for a free thread is the requests' queue time)."""
     split_s: float
     """Checking the outputs and slicing them back to each caller."""
 
@@ -42,4 +42,5 @@ class BatchPolicy:
     adaptive_delay: bool = True
     """Spend ``max_queue_delay_s`` only while recent batches were bigger than the one being formed (a lone
     closed-loop client never waits for company that cannot come; under load batches still fill), and only when a
-    bigger batch is expected to cost less per row (the batcher's ``worth_waiting``)."""
+    bigger batch is expected to cost less per row (the batcher's ``worth_waiting``); form an instance's next batch
+    while its current one runs when the batcher's ``ahead`` allows it."""

@@ -1,5 +1,9 @@
 """Dynamic batcher for one model version: merges queued requests into batches, runs up to
-``instances`` batches at once, and splits the outputs back to each caller's future."""
+``instances`` batches at once, and splits the outputs back to each caller's future.
+
+When ``ahead`` allows it, each instance may also hold a next batch, formed while its current one runs and handed to
+the runtime's threads at once: the thread that finishes a batch then starts that one without waiting for the event
+loop's turn (which, under load, comes after every answer and request the loop has ready)."""
 
 from __future__ import annotations
 
@@ -15,7 +19,9 @@ from services.gateway.batch_queue import QueuedRequest, RankedQueue, Tensors
 from services.gateway.errors import DeadlineExceeded, GatewayError, InferenceFailed, Overloaded
 from services.gateway.types import Array
 
-Execute = Callable[[dict[str, Array]], Awaitable[dict[str, Array]]]
+Execute = Callable[[dict[str, Array]], Awaitable[tuple[dict[str, Array], float]]]
+"""Runs a merged batch: its outputs, and the seconds it waited for a free thread before its run began (0 when it
+ran at once); the statistics count that wait as the requests' queue time, not the model's."""
 
 
 class DynamicBatcher:
@@ -27,16 +33,21 @@ class DynamicBatcher:
         *,
         beside: Callable[[int], bool] | None = None,
         worth_waiting: Callable[[int, int], bool] | None = None,
+        ahead: Callable[[int, int], bool] | None = None,
     ) -> None:
         """``beside(rows)``: whether a batch of that many rows runs at the same time as the others' (on a worker
         thread); ``None``: always, as ``execute`` then never holds the loop. ``worth_waiting(rows, full)``: whether
         growing a batch of ``rows`` towards ``full`` is expected to make it cheaper per row (with the policy's
-        ``adaptive_delay``; ``None``: always)."""
+        ``adaptive_delay``; ``None``: always). ``ahead(rows, full)``: whether an instance's next batch may form while
+        its current one runs, asked after every batch with the recent batches' size (with ``adaptive_delay``;
+        ``None``: never)."""
         self._execute = execute
         self._policy = policy
         self._observer = observer
         self._beside = beside
         self._worth_waiting = worth_waiting if policy.adaptive_delay else None
+        self._ahead = ahead if policy.adaptive_delay else None
+        self._instances = max(policy.instances, 1)
         self._share = -(-policy.max_batch_size // max(policy.instances, 1))
         """Rows a forming batch stops at while another instance is idle (all of them with one instance)."""
         self._queue = RankedQueue()
@@ -49,6 +60,8 @@ class DynamicBatcher:
         self._wakeup: asyncio.Event | None = None
         self._forming: asyncio.Lock | None = None
         self._idle: asyncio.Condition | None = None
+        self._ahead_open: asyncio.Event | None = None
+        """Set while ``ahead`` allows the workers that form next batches to form them."""
         preferred = [p for p in policy.preferred_batch_sizes if 0 < p <= policy.max_batch_size]
         self._target = max(preferred, default=max(policy.max_batch_size, 1)) if policy.merge else 1
         self._preferred = frozenset(preferred)
@@ -60,7 +73,10 @@ class DynamicBatcher:
 
     async def start(self) -> None:
         self._wakeup, self._forming, self._idle = asyncio.Event(), asyncio.Lock(), asyncio.Condition()
-        self._workers = [asyncio.create_task(self._work()) for _ in range(max(self._policy.instances, 1))]
+        self._workers = [asyncio.create_task(self._work()) for _ in range(self._instances)]
+        if self._ahead is not None:  # one more per instance, forming its next batch while allowed
+            self._ahead_open = asyncio.Event()
+            self._workers += [asyncio.create_task(self._work(self._ahead_open)) for _ in range(self._instances)]
 
     async def submit(self, inputs: Tensors, *, timeout_s: float | None = None, priority: int = 0) -> dict[str, Array]:
         """Queue one request (batch dim first when the model batches) and wait for its own outputs. ``priority``:
@@ -126,9 +142,12 @@ class DynamicBatcher:
             if not item.future.done():
                 item.future.set_exception(GatewayError("model version was unloaded", 503))
 
-    async def _work(self) -> None:
+    async def _work(self, allowed: asyncio.Event | None = None) -> None:
+        """Form a batch, run it, repeat; a worker given ``allowed`` forms one only while it is set."""
         assert self._forming is not None
         while True:
+            if allowed is not None:
+                await allowed.wait()
             async with self._forming:
                 batch = await self._collect()  # counted busy from its first request on: drain waits for it
             try:
@@ -194,10 +213,10 @@ class DynamicBatcher:
         # One timer per batch, not one per arrival: it ends the wait, the arrivals in between only wake the loop.
         timer: asyncio.TimerHandle | None = None
         self._flush_due = False
-        workers = len(self._workers)
+        instances = self._instances
         try:
             while rows < self._target:
-                if rows >= self._share and self._busy < workers and (self._beside is None or self._beside(rows)):
+                if rows >= self._share and self._busy < instances and (self._beside is None or self._beside(rows)):
                     # Another instance waits with nothing to run: the rest of the queue is its batch. Growing this
                     # one alone would send every client into one batch at a time, and in a closed loop they would
                     # stay that way, one instance working while the others wait.
@@ -250,7 +269,7 @@ class DynamicBatcher:
             else:
                 merged = {name: np.concatenate([i.inputs[name] for i in batch]) for name in batch[0].inputs}
             merged_at = time.monotonic()
-            outputs = await self._execute(merged)
+            outputs, waited = await self._execute(merged)
             executed_at = time.monotonic()
             if self._policy.max_batch_size > 0:
                 for name, value in outputs.items():
@@ -277,6 +296,11 @@ class DynamicBatcher:
                     item.future.set_result({n: v[offset : offset + item.rows] for n, v in outputs.items()})
             offset += item.rows
         if self._observer is not None:  # the callers resume on a later loop turn: they see the batch counted
-            waits = [started - item.enqueued for item in batch]
+            waits = [started + waited - item.enqueued for item in batch]
             split_s = time.monotonic() - executed_at
-            self._observer(ExecutedBatch(rows, waits, merged_at - started, executed_at - merged_at, split_s))
+            self._observer(ExecutedBatch(rows, waits, merged_at - started, executed_at - merged_at - waited, split_s))
+        if self._ahead_open is not None and self._ahead is not None:
+            if self._ahead(max(round(self._recent_rows), 1), self._target):
+                self._ahead_open.set()
+            else:
+                self._ahead_open.clear()

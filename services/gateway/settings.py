@@ -82,8 +82,9 @@ class Settings(BaseSettings):
     """Let onnxruntime's idle threads spin: lower latency, but they compete with the event loop for CPU."""
     batch_adaptive_delay: bool = True
     """Spend a model's ``max_queue_delay_microseconds`` only while recent batches were bigger than the one being
-    formed, and only when the model's measured runs show a bigger batch costs less per row (False: always wait for
-    it, exactly as Triton does)."""
+    formed, and only when the model's measured runs show a bigger batch costs less per row; when they show it does
+    not (and the runs go to worker threads), form each instance's next batch while its current one runs (False:
+    always wait for company, and form a batch only for a free instance, exactly as Triton does)."""
     inline_batch_us: float = 200.0
     """Embedded backend: run a batch on the event loop's thread when it is expected to take less than this many
     microseconds (a tiny model), instead of handing it to the version's worker threads (0: always hand it over)."""

@@ -133,10 +133,10 @@ async def test_batcher_serves_higher_priority_first_and_sheds_lowest_when_queue_
     order: list[float] = []
     release = asyncio.Event()
 
-    async def execute(inputs: dict[str, Array]) -> dict[str, Array]:
+    async def execute(inputs: dict[str, Array]) -> tuple[dict[str, Array], float]:
         order.append(float(inputs["x"][0, 0]))
         await release.wait()
-        return {"y": inputs["x"]}
+        return {"y": inputs["x"]}, 0.0
 
     batcher = DynamicBatcher(execute, BatchPolicy(max_batch_size=1, max_queue_size=2))
     await batcher.start()

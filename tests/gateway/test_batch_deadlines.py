@@ -24,9 +24,9 @@ class Slow:
     def __init__(self, delay_s: float) -> None:
         self.delay_s = delay_s
 
-    async def __call__(self, inputs: dict[str, Array]) -> dict[str, Array]:
+    async def __call__(self, inputs: dict[str, Array]) -> tuple[dict[str, Array], float]:
         await asyncio.sleep(self.delay_s)
-        return {"y": inputs["x"] * 2}
+        return {"y": inputs["x"] * 2}, 0.0
 
 
 def one_row(value: float) -> dict[str, Array]:

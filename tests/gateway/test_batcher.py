@@ -23,7 +23,7 @@ class Recorder:
         self.running = 0
         self.max_running = 0
 
-    async def __call__(self, inputs: dict[str, Array]) -> dict[str, Array]:
+    async def __call__(self, inputs: dict[str, Array]) -> tuple[dict[str, Array], float]:
         self.batches.append(int(inputs["x"].shape[0]))
         self.running += 1
         self.max_running = max(self.max_running, self.running)
@@ -31,7 +31,7 @@ class Recorder:
             await asyncio.sleep(self.delay_s)
             if self.fail:
                 raise RuntimeError("kernel exploded")
-            return {"y": inputs["x"] * 2, "n": np.arange(inputs["x"].shape[0])}
+            return {"y": inputs["x"] * 2, "n": np.arange(inputs["x"].shape[0])}, 0.0
         finally:
             self.running -= 1
 
@@ -165,8 +165,8 @@ async def test_batcher_times_out_queued_request_when_default_timeout_passes() ->
 
 
 async def test_batcher_rejects_model_answer_when_rows_do_not_match() -> None:
-    async def truncating(inputs: dict[str, Array]) -> dict[str, Array]:
-        return {"y": inputs["x"][:1]}
+    async def truncating(inputs: dict[str, Array]) -> tuple[dict[str, Array], float]:
+        return {"y": inputs["x"][:1]}, 0.0
 
     batcher = DynamicBatcher(truncating, BatchPolicy(max_batch_size=8))
     await batcher.start()
@@ -275,3 +275,60 @@ async def test_batcher_spends_queue_delay_when_company_would_be_cheaper_per_row(
 
 async def test_batcher_spends_queue_delay_regardless_of_cost_when_adaptive_delay_off() -> None:
     assert await lone_request_seconds(worth_waiting=False, adaptive_delay=False) >= 0.25
+
+
+async def batches_formed_while_one_runs(ahead: bool | None, adaptive_delay: bool = True) -> int:
+    """Batches handed to ``execute`` while one instance's run is held, after a first batch let ``ahead`` speak."""
+    gate = asyncio.Event()
+    gate.set()
+    handed: list[int] = []
+
+    async def execute(inputs: dict[str, Array]) -> tuple[dict[str, Array], float]:
+        handed.append(int(inputs["x"].shape[0]))
+        await gate.wait()
+        return {"y": inputs["x"] * 2}, 0.0
+
+    policy = BatchPolicy(max_batch_size=4, instances=1, adaptive_delay=adaptive_delay)
+    batcher = DynamicBatcher(execute, policy, ahead=None if ahead is None else lambda rows, full: ahead)
+    await batcher.start()
+    await batcher.submit(rows(1, 0))  # after it, the batcher asks ahead(1, 4)
+    gate.clear()
+    held = [asyncio.create_task(batcher.submit(rows(1, 1)))]
+    await asyncio.sleep(0.02)  # its batch runs, held at the gate
+    held.append(asyncio.create_task(batcher.submit(rows(1, 2))))
+    await asyncio.sleep(0.05)
+    formed = len(handed) - 1
+    gate.set()
+    outputs = await asyncio.wait_for(asyncio.gather(*held), 2.0)
+    await batcher.close()
+    for i, output in zip((1, 2), outputs, strict=True):
+        np.testing.assert_array_equal(output["y"], rows(1, i)["x"] * 2)
+    return formed
+
+
+async def test_batcher_hands_over_a_next_batch_while_one_runs_when_ahead_allows() -> None:
+    assert await batches_formed_while_one_runs(ahead=True) == 2
+
+
+async def test_batcher_holds_the_next_batch_until_the_instance_is_free_when_ahead_refuses() -> None:
+    assert await batches_formed_while_one_runs(ahead=False) == 1
+    assert await batches_formed_while_one_runs(ahead=None) == 1
+
+
+async def test_batcher_forms_nothing_ahead_when_adaptive_delay_off() -> None:
+    assert await batches_formed_while_one_runs(ahead=True, adaptive_delay=False) == 1
+
+
+async def test_batcher_counts_the_wait_for_a_thread_as_queue_time_when_execute_reports_one() -> None:
+    seen: list[ExecutedBatch] = []
+
+    async def execute(inputs: dict[str, Array]) -> tuple[dict[str, Array], float]:
+        await asyncio.sleep(0.05)
+        return {"y": inputs["x"]}, 0.04  # 40 ms of the 50 were spent waiting for a thread
+
+    batcher = DynamicBatcher(execute, BatchPolicy(max_batch_size=4), seen.append)
+    await batcher.start()
+    await batcher.submit(rows(1, 0))
+    await batcher.close()
+    assert seen[0].waits[0] >= 0.04
+    assert seen[0].execute_s < 0.03

@@ -198,9 +198,9 @@ def test_version_comparison_counts_differing_strings_when_outputs_are_bytes() ->
 async def test_batcher_merges_string_requests_and_splits_each_callers_rows_back_when_they_share_a_shape() -> None:
     batches: list[list[list[bytes]]] = []
 
-    async def echo(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def echo(inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
         batches.append(inputs["text"].tolist())
-        return {"echo": inputs["text"]}
+        return {"echo": inputs["text"]}, 0.0
 
     policy = BatchPolicy(max_batch_size=4, max_queue_delay_s=5.0, adaptive_delay=False)
     batcher = DynamicBatcher(echo, policy)

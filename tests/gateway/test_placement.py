@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,7 +31,7 @@ async def test_placement_runs_batches_inline_when_a_run_costs_less_than_the_boun
     with ThreadPoolExecutor(1) as pool:
         placement = Placement(run_costing(0.00001), pool, batching=True, inline_below_s=0.0002)
         for _ in range(20):
-            out = await placement.execute({"x": np.ones((4, 2), np.float32)})
+            out, _ = await placement.execute({"x": np.ones((4, 2), np.float32)})
             np.testing.assert_array_equal(out["y"], np.full((4, 2), 2.0, np.float32))
     assert placement.thread_runs == 1  # the first, which measured the cost
     assert placement.inline_runs == 19
@@ -94,20 +95,66 @@ def run_costing_per_row(fixed_s: float, per_row_s: float):  # type: ignore[no-un
     return run
 
 
-async def worth_waiting_after_runs(fixed_s: float, per_row_s: float) -> tuple[bool, bool]:
-    """``worth_waiting(1, 8)`` before and after a few runs of 1, 4 and 8 rows on a worker thread."""
+async def placement_after_runs(fixed_s: float, per_row_s: float, inline_below_s: float = 0.0) -> Placement:
+    """A placement after a few runs of 1, 4 and 8 rows; before them it waits for company and forms nothing ahead
+    (nothing is known yet: Triton's way)."""
     with ThreadPoolExecutor(1) as pool:
-        placement = Placement(run_costing_per_row(fixed_s, per_row_s), pool, batching=True, inline_below_s=0.0)
-        before = placement.worth_waiting(1, 8)
+        placement = Placement(
+            run_costing_per_row(fixed_s, per_row_s), pool, batching=True, inline_below_s=inline_below_s
+        )
+        assert placement.worth_waiting(1, 8)
+        assert not placement.forms_ahead(4, 8)
         for _ in range(4):
             for rows in (1, 4, 8):
                 await placement.execute({"x": np.ones((rows, 2), np.float32)})
-    return before, placement.worth_waiting(1, 8)
+    return placement
 
 
 async def test_placement_stops_waiting_for_company_when_runs_cost_the_same_per_row() -> None:
-    assert await worth_waiting_after_runs(0.0, 0.002) == (True, False)
+    assert not (await placement_after_runs(0.0, 0.002)).worth_waiting(1, 8)
 
 
 async def test_placement_keeps_waiting_for_company_when_runs_are_mostly_a_fixed_part() -> None:
-    assert await worth_waiting_after_runs(0.004, 0.0001) == (True, True)
+    assert (await placement_after_runs(0.004, 0.0001)).worth_waiting(1, 8)
+
+
+async def test_placement_forms_next_batch_ahead_when_runs_cost_the_same_per_row_on_threads() -> None:
+    assert (await placement_after_runs(0.0, 0.002)).forms_ahead(4, 8)
+
+
+async def test_placement_forms_no_batch_ahead_when_runs_are_mostly_a_fixed_part() -> None:
+    assert not (await placement_after_runs(0.004, 0.0001)).forms_ahead(4, 8)
+
+
+async def test_placement_forms_no_batch_ahead_when_its_runs_go_inline() -> None:
+    placement = await placement_after_runs(0.0, 0.002, inline_below_s=1.0)
+    assert placement.inline_runs > 0
+    assert not placement.forms_ahead(4, 8)
+
+
+async def test_placement_reports_the_wait_for_a_thread_when_a_batch_was_handed_over_behind_another() -> None:
+    with ThreadPoolExecutor(1) as pool:
+        placement = Placement(run_costing(0.05), pool, batching=True, inline_below_s=0.0)
+        first, second = await asyncio.gather(
+            placement.execute({"x": np.ones((1, 2), np.float32)}), placement.execute({"x": np.ones((1, 2), np.float32)})
+        )
+    assert first[1] < 0.03
+    assert second[1] >= 0.04  # it waited for the first run, which the statistics count as its queue time
+
+
+def placement_with_runs(fixed_s: float, per_row_s: float) -> Placement:
+    placement = Placement(run_costing(0.0), ThreadPoolExecutor(1), batching=True, inline_below_s=0.0)
+    for _ in range(20):
+        for rows in (1, 8, 32):
+            placement.cost.add(rows, fixed_s + rows * per_row_s)
+    return placement
+
+
+async def test_placement_goes_on_forming_ahead_when_its_own_smaller_batches_near_the_threshold() -> None:
+    # A fixed part of 7% of a row: a batch of 1 would save about 6% per row in a full one, a batch of 8 under 1%.
+    placement = placement_with_runs(0.07e-3, 1e-3)
+    assert placement.cost.saving(1, 32) > 0.05  # so a batch of 1 alone does not start it
+    assert not placement_with_runs(0.07e-3, 1e-3).forms_ahead(1, 32)
+    assert placement.forms_ahead(8, 32)
+    assert placement.forms_ahead(1, 32)  # started, it goes on
+    assert not placement_with_runs(5e-3, 1e-3).forms_ahead(8, 32)  # company saves over a quarter: never

@@ -148,6 +148,7 @@ class EmbeddedBackend:
             self._observer(model, version, slot.statistics),
             beside=placement.on_thread,
             worth_waiting=placement.worth_waiting,
+            ahead=placement.forms_ahead,
         )
         slot.placement = placement
         slot.pool = pool

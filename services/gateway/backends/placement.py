@@ -10,7 +10,9 @@ for the GIL, which would make the threads look dearer the more they are used.
 
 The same line tells the batcher whether waiting for a bigger batch pays (``worth_waiting``): a model whose cost is
 all per row (a CNN on one CPU thread: 319 rows/s at batch 1, 318 at 32, measured) gains nothing from company, and
-while its batch waits for it the instance idles."""
+while its batch waits for it the instance idles. For such a model an instance's next batch also forms while its
+current one runs (``forms_ahead``), and goes to the threads at once: a batch formed early loses nothing by being
+smaller, and the thread that finishes a batch starts the next without waiting for the event loop to hand it over."""
 
 from __future__ import annotations
 
@@ -67,6 +69,10 @@ WAIT_SAVING = 0.05
 row: below it the wait buys latency and an idle instance, not throughput."""
 
 
+AHEAD_UNTIL_SAVING = 2 * WAIT_SAVING
+"""Once an instance's next batch forms ahead, it does until a full batch is expected to save this share per row."""
+
+
 class Placement:
     def __init__(self, run: Run, pool: Executor, *, batching: bool, inline_below_s: float) -> None:
         self._run = run
@@ -76,6 +82,7 @@ class Placement:
         self.cost = RunCost()
         self.inline_runs = 0
         self.thread_runs = 0
+        self._ahead = False
 
     def on_thread(self, rows: int) -> bool:
         """Whether a batch of ``rows`` goes to a worker thread (beside other batches) rather than inline."""
@@ -87,24 +94,43 @@ class Placement:
         saving = self.cost.saving(max(rows, 1), max(full, rows, 1))
         return saving is None or saving >= WAIT_SAVING
 
-    async def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
+    def forms_ahead(self, rows: int, full: int) -> bool:
+        """Whether an instance's next batch should form while its current one runs, for batches of about ``rows``
+        (recent ones): when they go to the worker threads and company is known not to make them cheaper per row
+        (the batch formed ahead is whatever is queued, as a batch that does not wait for company is). Once it
+        does, it goes on until company would save twice ``WAIT_SAVING``: the batches it forms are smaller, and
+        that alone must not switch it off and on again."""
+        saving = self.cost.saving(max(rows, 1), max(full, rows, 1))
+        if saving is None or not self.on_thread(rows):
+            self._ahead = False
+        else:
+            self._ahead = saving < (AHEAD_UNTIL_SAVING if self._ahead else WAIT_SAVING)
+        return self._ahead
+
+    async def execute(self, inputs: dict[str, Array]) -> tuple[dict[str, Array], float]:
+        """The outputs, and how long the batch waited for a worker thread (a batch formed ahead waits for the run
+        before it)."""
         rows = self._rows(inputs)
         if not self.on_thread(rows):
             began = time.thread_time()
             outputs = self._run(inputs)
             self.cost.add(rows, time.thread_time() - began)
             self.inline_runs += 1
-            return outputs
+            return outputs, 0.0
         self.thread_runs += 1
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._timed, inputs, rows)
+        handed = time.monotonic()
+        outputs, started = await asyncio.get_running_loop().run_in_executor(self._pool, self._timed, inputs, rows)
+        return outputs, max(started - handed, 0.0)
 
-    def _timed(self, inputs: dict[str, Array], rows: int) -> dict[str, Array]:
-        """In the worker thread: the run, and its CPU time (not the wait for the GIL) as an estimate."""
+    def _timed(self, inputs: dict[str, Array], rows: int) -> tuple[dict[str, Array], float]:
+        """In the worker thread: the run, when it started, and its CPU time (not the wait for the GIL) as an
+        estimate of its cost."""
+        started = time.monotonic()
         began = time.thread_time()
         outputs = self._run(inputs)
         # From a worker thread: a race with another blends two updates of plain floats, nothing worse.
         self.cost.add(rows, time.thread_time() - began)
-        return outputs
+        return outputs, started
 
     def _rows(self, inputs: dict[str, Array]) -> int:
         if not self._batching or not inputs:
