@@ -1,5 +1,5 @@
 """Dynamic batcher for one model version: merges queued requests into batches, runs up to
-``instances`` batches at once, and splits the outputs back to each caller's future.
+``instances`` batches at once, and splits the outputs back to each caller's future (``batch_tensors``).
 
 When ``ahead`` allows it, each instance may also hold a next batch, formed while its current one runs and handed to
 the runtime's threads at once: the thread that finishes a batch then starts that one without waiting for the event
@@ -11,11 +11,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-import numpy as np
-
 from services.gateway.batch_deadlines import QUEUED, BatchDeadlines
 from services.gateway.batch_policy import BatchPolicy, ExecutedBatch, Observer
 from services.gateway.batch_queue import QueuedRequest, RankedQueue, Tensors
+from services.gateway.batch_tensors import answer, check_rows, merge_inputs
 from services.gateway.errors import DeadlineExceeded, GatewayError, InferenceFailed, Overloaded
 from services.gateway.types import Array
 
@@ -48,7 +47,7 @@ class DynamicBatcher:
         self._worth_waiting = worth_waiting if policy.adaptive_delay else None
         self._ahead = ahead if policy.adaptive_delay else None
         self._instances = max(policy.instances, 1)
-        self._share = -(-policy.max_batch_size // max(policy.instances, 1))
+        self._share = -(-policy.max_batch_size // self._instances)
         """Rows a forming batch stops at while another instance is idle (all of them with one instance)."""
         self._queue = RankedQueue()
         self._deadlines = BatchDeadlines()
@@ -264,19 +263,12 @@ class DynamicBatcher:
             rows += item.rows
         self._recent_rows = 0.8 * self._recent_rows + 0.2 * rows
         try:
-            if len(batch) == 1:
-                merged = dict(batch[0].inputs)
-            else:
-                merged = {name: np.concatenate([i.inputs[name] for i in batch]) for name in batch[0].inputs}
+            merged = merge_inputs(batch)
             merged_at = time.monotonic()
             outputs, waited = await self._execute(merged)
             executed_at = time.monotonic()
             if self._policy.max_batch_size > 0:
-                for name, value in outputs.items():
-                    if value.ndim == 0 or value.shape[0] != rows:
-                        raise InferenceFailed(
-                            f"output '{name}' has {value.shape[0] if value.ndim else 0} rows for a batch of {rows}"
-                        )
+                check_rows(outputs, rows)
         except (Exception, asyncio.CancelledError) as exc:  # every caller in the batch gets the cause
             error = exc if isinstance(exc, GatewayError) else InferenceFailed(f"inference failed: {exc}")
             if isinstance(exc, asyncio.CancelledError):
@@ -287,19 +279,13 @@ class DynamicBatcher:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        offset = 0
-        for item in batch:
-            if not item.future.done():
-                if len(batch) == 1:
-                    item.future.set_result(outputs)
-                else:
-                    item.future.set_result({n: v[offset : offset + item.rows] for n, v in outputs.items()})
-            offset += item.rows
+        answer(batch, outputs)
         if self._observer is not None:  # the callers resume on a later loop turn: they see the batch counted
             waits = [started + waited - item.enqueued for item in batch]
             split_s = time.monotonic() - executed_at
             self._observer(ExecutedBatch(rows, waits, merged_at - started, executed_at - merged_at - waited, split_s))
-        if self._ahead_open is not None and self._ahead is not None:
+        if self._ahead is not None:
+            assert self._ahead_open is not None  # made by start() whenever there is an ``ahead``
             if self._ahead(max(round(self._recent_rows), 1), self._target):
                 self._ahead_open.set()
             else:

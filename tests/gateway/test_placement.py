@@ -143,7 +143,9 @@ async def test_placement_reports_the_wait_for_a_thread_when_a_batch_was_handed_o
 
 
 def placement_with_runs(fixed_s: float, per_row_s: float) -> Placement:
-    placement = Placement(run_costing(0.0), ThreadPoolExecutor(1), batching=True, inline_below_s=0.0)
+    """A placement that has seen runs costing ``fixed_s`` plus ``per_row_s`` a row (its pool is never used)."""
+    with ThreadPoolExecutor(1) as pool:
+        placement = Placement(run_costing(0.0), pool, batching=True, inline_below_s=0.0)
     for _ in range(20):
         for rows in (1, 8, 32):
             placement.cost.add(rows, fixed_s + rows * per_row_s)
