@@ -64,18 +64,20 @@ async def measure(
             # The ratios the targets read are taken at the top level: there every mode runs in several rounds, in
             # flipped order each round, and each ratio pairs the runs of one round (the report takes the median).
             for round_index in range(args.rounds if concurrency == top else 1):
-                # Gateway and baselines alternate so that drift on the shared box hits all alike.
+                # Each gateway mode runs right beside what its ratio divides it by (the ceiling, the gRPC floor,
+                # the HTTP floor and Triton on either side of HTTP JSON): this machine's speed drifts by 10-20%
+                # within seconds, and a pair measured back to back shares most of that drift.
                 runs: list[tuple[str, str, Coroutine[Any, Any, tuple[int, float, list[float]]]]] = [
                     ("http-binary", "gateway", run_http(gateway, binary, binary_headers, c, d, w)),
-                    ("naive-json", "naive", run_http(naive, naive_body, json_headers, c, d, w)),
                     ("grpc", "gateway", run_grpc(urls["grpc"], request, c, d, w)),
+                    ("floor-grpc", "grpc-floor", run_grpc(urls["grpc-floor"], request, c, d, w)),
                     ("floor-json", "floor", run_http(floor, plain, json_headers, c, d, w)),
                     ("http-json", "gateway", run_http(gateway, plain, json_headers, c, d, w)),
-                    ("floor-grpc", "grpc-floor", run_grpc(urls["grpc-floor"], request, c, d, w)),
                 ]
                 if "triton" in urls:
                     triton = urls["triton"] + infer
                     runs.append(("triton-json", "triton", run_http(triton, plain, json_headers, c, d, w)))
+                runs.append(("naive-json", "naive", run_http(naive, naive_body, json_headers, c, d, w)))
                 if concurrency == top:  # the ceiling next to the gateway's runs, not minutes before them
                     runs.insert(1, ("in-process b32", "", _inprocess(model, ceilings[model], args)))
                 for mode, server, run in runs if round_index % 2 == 0 else reversed(runs):
