@@ -66,7 +66,8 @@ async def measure(
             for round_index in range(args.rounds if concurrency == top else 1):
                 # Each gateway mode runs right beside what its ratio divides it by (the ceiling, the gRPC floor,
                 # the HTTP floor and Triton on either side of HTTP JSON): this machine's speed drifts by 10-20%
-                # within seconds, and a pair measured back to back shares most of that drift.
+                # within seconds, and a pair measured back to back shares most of that drift. The naive endpoint,
+                # whose targets are met several times over, goes last.
                 runs: list[tuple[str, str, Coroutine[Any, Any, tuple[int, float, list[float]]]]] = [
                     ("http-binary", "gateway", run_http(gateway, binary, binary_headers, c, d, w)),
                     ("grpc", "gateway", run_grpc(urls["grpc"], request, c, d, w)),
