@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from exporter.errors import (
+    DataDependentControlFlowError,
     DynamicBatchError,
     ExportError,
     InvalidSpecError,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from exporter.api import ExportResult, export
 
 __all__ = [
+    "DataDependentControlFlowError",
     "DynamicBatchError",
     "ExportError",
     "ExportResult",

@@ -10,8 +10,9 @@ from torch import nn
 from tritonclient.grpc import model_config_pb2 as mc
 
 from exporter.artifacts import Progress, write_artifact
+from exporter.diagnostics import LOG_FILE, captured
 from exporter.errors import ExportError, RepositoryError
-from exporter.model_config import artifact_name, build_config, read_config, signature
+from exporter.model_config import artifact_name, build_config, read_config, signature, signature_differences
 from exporter.module_io import ExampleInputs, prepare
 from exporter.parity import ParityReport, check_parity, default_tolerance, parity_batch_sizes
 from exporter.records import write_manifest, write_samples
@@ -64,10 +65,13 @@ def export(
     rtol: float | None = None,
     opset: int | None = None,
     progress: Progress | None = None,
+    verbose: bool = False,
 ) -> ExportResult:
-    """Export ``module`` and publish it as a new version of ``name``. See DESIGN.md for the contract.
+    """Export ``module`` and publish it as a new version of ``name`` (the contract: the README, "Exporting a model").
 
-    Raises ``ExportError`` (naming cause and fix) on any failure; the repository is then unchanged.
+    Raises ``ExportError`` (naming cause and fix) on any failure; the repository then holds no new version, only
+    the exporters' diagnostics in its hidden log folder (``ExportError.log_path``). ``verbose`` shows those
+    diagnostics on stderr as they come instead.
     """
     policy = VersionPolicy.parse(version_policy) if isinstance(version_policy, str) else version_policy
     options = ExportOptions(
@@ -87,7 +91,7 @@ def export(
     if isinstance(module, nn.Module):
         module.eval()  # serving is inference: dropout off, batch-norm running stats
     try:
-        return _export(module, example_inputs, options, repo, input_names, output_names, dynamic_axes, report)
+        return _export(module, example_inputs, options, repo, input_names, output_names, dynamic_axes, report, verbose)
     finally:
         if was_training:
             module.train()
@@ -102,6 +106,7 @@ def _export(
     output_names: Sequence[str] | None,
     dynamic_axes: DynamicAxes | None,
     report: Progress,
+    verbose: bool,
 ) -> ExportResult:
     report("export")
     prepared = prepare(module, example_inputs, input_names, output_names)
@@ -110,25 +115,35 @@ def _export(
             f"the example inputs have batch {prepared.batch_size}, over max_batch_size={options.max_batch_size}"
         )
     served_in, served_out = served_names(prepared, options.format)
+    in_specs, out_specs = tensor_specs(prepared, served_in, served_out, dynamic_axes, options.format)
+    warmup_dims = {n: list(t.shape[1:]) for n, t in zip(served_in, prepared.examples, strict=True)}
+    config = build_config(options, in_specs, out_specs, warmup_dims)
+    _check_compatible(repo, options.name, config)  # before minutes of exporting; again under the lock
     with repo.staging() as staging:
         version_dir = staging / "version"
         version_dir.mkdir()
         artifact_path = version_dir / artifact_name(options.format)
-        artifact = write_artifact(prepared, artifact_path, options, dynamic_axes, report)
+        log = staging / LOG_FILE
+        try:
+            with captured(None if verbose else log):
+                artifact = write_artifact(prepared, artifact_path, options, dynamic_axes, report)
+                report("parity")
+                tolerance = default_tolerance(prepared)
+                parity = check_parity(
+                    prepared, artifact.runner, parity_batch_sizes(options.max_batch_size),
+                    atol=options.atol if options.atol is not None else tolerance,
+                    rtol=options.rtol if options.rtol is not None else tolerance,
+                    traced=artifact.traced, dynamic_dims=input_dynamic_dims(prepared, dynamic_axes),
+                )
+        except ExportError as exc:
+            exc.log_path = repo.keep_log(log, options.name)
+            raise
+        except Exception:
+            repo.keep_log(log, options.name)
+            raise
         notes = [*prepared.notes, *artifact.notes]
-        report("parity")
-        tolerance = default_tolerance(prepared)
-        parity = check_parity(
-            prepared, artifact.runner, parity_batch_sizes(options.max_batch_size),
-            atol=options.atol if options.atol is not None else tolerance,
-            rtol=options.rtol if options.rtol is not None else tolerance,
-            hint=artifact.hint, dynamic_dims=input_dynamic_dims(prepared, dynamic_axes),
-        )
-        in_specs, out_specs = tensor_specs(prepared, served_in, served_out, dynamic_axes, options.format)
         report("publish")
         write_samples(version_dir, prepared, served_in, served_out)
-        warmup_dims = {n: list(t.shape[1:]) for n, t in zip(served_in, prepared.examples, strict=True)}
-        config = build_config(options, in_specs, out_specs, warmup_dims)
         warmup = {n: t[:1].contiguous().cpu().numpy().tobytes()
                   for n, t in zip(served_in, prepared.examples, strict=True)}
         with repo.locked():
@@ -153,9 +168,12 @@ def _check_compatible(repo: ModelRepository, name: str, config: mc.ModelConfig) 
     model_dir = repo.model_dir(name)
     if not (model_dir / CONFIG_FILE).exists():
         return
-    if signature(read_config(model_dir)) != signature(config):
+    existing = read_config(model_dir)
+    if signature(existing) != signature(config):
+        differences = "; ".join(signature_differences(existing, config))
         raise RepositoryError(
-            f"model {name!r} already has versions {repo.versions(name)} with another platform or input/output "
-            f"signature ({model_dir / CONFIG_FILE}); all versions share one config.pbtxt. Export under a new "
-            "model name, or keep the same tensor names, dtypes and dims."
+            f"model {name!r} already has versions {repo.versions(name)} whose signature differs from this export's "
+            f"({differences}), and all versions share one config.pbtxt ({model_dir / CONFIG_FILE}). Export under a "
+            "new model name (name=..., --name on the command line), or give the tensors the existing names, dtypes "
+            "and dims (input_names= / output_names=, --input / --output)."
         )

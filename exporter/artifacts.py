@@ -14,7 +14,7 @@ from exporter.errors import ParityError
 from exporter.module_io import PreparedModel
 from exporter.parity import Runner, onnx_runner, torchscript_runner
 from exporter.specs import ExportOptions
-from exporter.torch2onnx import DynamicAxes, export_onnx
+from exporter.torch2onnx import SCRIPTED_ONNX, DynamicAxes, export_onnx
 from exporter.torch2torchscript import TRACE, export_torchscript
 
 Progress = Callable[[str], None]
@@ -29,8 +29,8 @@ class Artifact:
     """The ONNX opset; empty for TorchScript."""
     runner: Runner
     notes: tuple[str, ...]
-    hint: str
-    """What to tell the user if parity fails, when the exporter knows a likely cause."""
+    traced: str
+    """How a trace made the file, when one did (a frozen decision is then what parity suspects first)."""
 
 
 def write_artifact(
@@ -47,12 +47,17 @@ def _onnx(
 ) -> Artifact:
     written = export_onnx(prepared, path, options.max_batch_size, dynamic_axes, options.opset)
     notes = []
-    if written.fallback_reason:
+    traced = ""
+    if written.exporter == SCRIPTED_ONNX:
+        notes.append(f"forward() decides on data ({written.fallback_reason}); scripted, each decision exported "
+                     "as an ONNX If")
+    elif written.fallback_reason:
         notes.append(f"dynamo exporter failed ({written.fallback_reason}); used the "
                      "TorchScript-based ONNX exporter")
+        traced = "the TorchScript-based ONNX exporter traced the model (dynamo failed)"
     report("check")
     runner = _guarded("onnxruntime", lambda: onnx_runner(path, prepared.input_names), prepared)
-    return Artifact(written.exporter, str(written.opset), runner, tuple(notes), hint="")
+    return Artifact(written.exporter, str(written.opset), runner, tuple(notes), traced)
 
 
 def _torchscript(
@@ -64,18 +69,10 @@ def _torchscript(
     written = export_torchscript(prepared, path)
     if written.script_error:
         notes.append(f"torch.jit.script failed ({written.script_error}); traced instead")
-    hint = ""
-    if written.exporter == TRACE:
-        hint = (
-            "The model was traced (scripting failed: " + str(written.script_error) + "), and a "
-            "trace bakes data-dependent control flow (if on values, len(x), loops over shapes) into "
-            "constants" + (f"; the tracer warned: {' | '.join(written.tracer_warnings)}"
-                           if written.tracer_warnings else "")
-            + ". Make forward() scriptable with torch.jit.script, or export with format='onnx'."
-        )
+    traced = f"the model was traced (scripting failed: {written.script_error})" if written.exporter == TRACE else ""
     report("check")
     runner = _guarded("torch.jit.load", lambda: torchscript_runner(path), prepared)
-    return Artifact(written.exporter, "", runner, tuple(notes), hint)
+    return Artifact(written.exporter, "", runner, tuple(notes), traced)
 
 
 def _guarded(engine: str, make_runner: Callable[[], Runner], prepared: PreparedModel) -> Runner:

@@ -6,8 +6,10 @@ The command is registered on every install, serving nodes included; it imports t
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 from rich.console import Console
@@ -44,6 +46,9 @@ def export_command(
     inputs: Annotated[list[str] | None, typer.Option(
         "--input", help="NAME:DTYPE:SHAPE without the batch dim, -1 for dynamic dims, e.g. image:FP32:3,64,64."
     )] = None,
+    outputs: Annotated[list[str] | None, typer.Option(
+        "--output", help="Name of the model's next output, in the order forward() returns them, e.g. logits."
+    )] = None,
     max_batch_size: Annotated[int, typer.Option(help="Largest batch the model accepts.")] = 32,
     version: Annotated[int | None, typer.Option(help="Version to write (default: the next free one).")] = None,
     instances: Annotated[int, typer.Option(help="instance_group count.")] = DEFAULT_INSTANCES,
@@ -57,7 +62,9 @@ def export_command(
     example_batch: Annotated[int, typer.Option(help="Batch size of the generated example inputs.")] = 2,
     atol: Annotated[float | None, typer.Option(help="Parity tolerance, absolute.")] = None,
     rtol: Annotated[float | None, typer.Option(help="Parity tolerance, relative.")] = None,
-    debug: Annotated[bool, typer.Option(help="Show Python tracebacks.")] = False,
+    debug: Annotated[bool, typer.Option(
+        help="Show Python tracebacks and the exporters' own output (graphs, warnings) as it comes."
+    )] = False,
 ) -> None:
     """Export a PyTorch model, prove it matches eager PyTorch, and write it as a new version."""
     _require_toolchain(debug)
@@ -65,7 +72,7 @@ def export_command(
     from exporter.api import STAGES, export
     from exporter.factory import build, dynamic_axes
 
-    console = Console(stderr=True)
+    console = Console(file=_own_stderr())
     try:
         module, examples, input_names = build(factory, inputs or [], example_batch)
         axes = dynamic_axes(inputs or [])
@@ -82,11 +89,11 @@ def export_command(
 
             result = export(
                 module, examples, name=name, repository=repository, format=format,  # type: ignore[arg-type]
-                max_batch_size=max_batch_size, version=version, input_names=input_names,
+                max_batch_size=max_batch_size, version=version, input_names=input_names, output_names=outputs or None,
                 dynamic_axes=axes or None, instances=instances, kind=kind,  # type: ignore[arg-type]
                 version_policy=version_policy, max_queue_delay_us=max_queue_delay_us,
                 preferred_batch_sizes=preferred_batch_size or (), priority_levels=priority_levels,
-                atol=atol, rtol=rtol, progress=advance,
+                atol=atol, rtol=rtol, progress=advance, verbose=debug,
             )
             progress.update(tasks[current[-1]], completed=1)
     except ExportError as exc:
@@ -95,6 +102,15 @@ def export_command(
         console.print(f"[bold red]export failed:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     Console().print(summary_table(result))
+
+
+def _own_stderr() -> TextIO:
+    """stderr on a descriptor of its own: while an export runs, descriptor 2 leads to the export's log, and the
+    progress display must still reach the terminal."""
+    try:
+        return open(os.dup(sys.stderr.fileno()), "w", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115
+    except (AttributeError, OSError, ValueError):  # not a real file (a test runner's buffer): nothing redirects it
+        return sys.stderr
 
 
 def _require_toolchain(debug: bool) -> None:

@@ -3,9 +3,21 @@ message names the cause and the fix; subclasses let callers and tests tell the c
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class ExportError(Exception):
     """An export that cannot produce a faithful, servable model version."""
+
+    log_path: Path | None = None
+    """The exporters' own diagnostics (graphs, tracer and exporter warnings) of the failed export, kept for
+    reading; set by ``export()`` when there were any."""
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        if self.log_path is None:
+            return message
+        return f"{message} (the exporters' diagnostics are in {self.log_path})"
 
 
 class InvalidSpecError(ExportError):
@@ -14,6 +26,16 @@ class InvalidSpecError(ExportError):
 
 class ModelError(ExportError):
     """The module itself cannot be exported as given (forward raises, mixed devices, QAT modules...)."""
+
+
+class DataDependentControlFlowError(ModelError):
+    """``forward`` decides on its inputs' values or batch size (``if x.sum() > 0``, ``len(x)``, ``.item()``) and
+    no exporter could keep both ways of the decision; a trace would have frozen the one the example took."""
+
+    def __init__(self, message: str, locations: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.locations = locations
+        """``file:line: code`` of each place in the model's code that decides on data, as far as known."""
 
 
 class UnsupportedOperatorError(ExportError):

@@ -95,3 +95,22 @@ def signature(config: mc.ModelConfig) -> tuple[object, ...]:
         tuple((t.name, t.data_type, tuple(t.dims)) for t in config.input),
         tuple((t.name, t.data_type, tuple(t.dims)) for t in config.output),
     )
+
+
+def signature_differences(existing: mc.ModelConfig, new: mc.ModelConfig) -> list[str]:
+    """Where ``new`` departs from the signature of ``existing``, one line per platform or tensor, both sides named."""
+    differences = []
+    if existing.platform != new.platform:
+        differences.append(f"platform: {existing.platform or existing.backend} there, {new.platform} here")
+    for kind, old, fresh in (("input", existing.input, new.input), ("output", existing.output, new.output)):
+        for index in range(max(len(old), len(fresh))):
+            there = _tensor_text(old[index]) if index < len(old) else "none"
+            here = _tensor_text(fresh[index]) if index < len(fresh) else "none"
+            if there != here:
+                differences.append(f"{kind} {index}: {there} there, {here} here")
+    return differences
+
+
+def _tensor_text(tensor: mc.ModelInput | mc.ModelOutput) -> str:
+    datatype = mc.DataType.Name(tensor.data_type).removeprefix("TYPE_")
+    return f"{tensor.name} {datatype} {list(tensor.dims)}"

@@ -1,5 +1,6 @@
-"""The parity gate: eager PyTorch against the exported artifact on fresh random inputs at
-batch 1, an odd size and ``max_batch_size``. An export that answers differently is refused."""
+"""The parity gate: eager PyTorch against the exported artifact on fresh inputs at batch 1, an odd size and
+``max_batch_size``, each drawn several ways (``exporter.parity_draws``). An export that answers differently is
+refused, with the likely causes in the order they are likely."""
 
 from __future__ import annotations
 
@@ -14,11 +15,16 @@ import torch
 
 from exporter.errors import DynamicBatchError, ParityError
 from exporter.module_io import PreparedModel
+from exporter.parity_draws import DRAWS, Stats, draw_inputs, like_example
 
 Runner = Callable[[tuple[torch.Tensor, ...]], list[npt.NDArray[Any]]]
 
 LOW_PRECISION = {torch.float16, torch.bfloat16}
 DEFAULT_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}
+ROUNDING_SCALE = 1e-2
+"""Differences up to this fraction of an output's largest value can be rounding; beyond it, never suggest widening
+the tolerance: that would publish a model that answers differently."""
+SHOWN_FAILURES = 4
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,10 @@ class OutputParity:
     atol: float
     rtol: float
     passed: bool
+    draw: str = DRAWS[0].name
+    """How the inputs were drawn (``exporter.parity_draws``)."""
+    scaled_error: float = 0.0
+    """``max_abs_error`` as a fraction of the largest expected value of the output."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,8 @@ class ParityReport:
     checks: tuple[OutputParity, ...]
     input_shapes: tuple[tuple[tuple[int, ...], ...], ...] = ()
     """Per batch size, the shape of each input fed: dynamic axes other than the batch axis differ between them."""
+    draws: tuple[str, ...] = ()
+    """The draws made at every batch size, in order."""
 
     @property
     def passed(self) -> bool:
@@ -55,6 +67,7 @@ class ParityReport:
         return {
             "passed": self.passed,
             "batch_sizes": list(self.batch_sizes),
+            "draws": list(self.draws),
             "max_abs_error": self.max_abs_error,
             "max_rel_error": self.max_rel_error,
             "checks": [asdict(c) for c in self.checks],
@@ -62,11 +75,14 @@ class ParityReport:
         }
 
     def failures_text(self) -> str:
-        return "; ".join(
-            f"{c.output} @ batch {c.batch_size}: max abs {c.max_abs_error:.3g}, max rel {c.max_rel_error:.3g} "
-            f"(tolerance atol={c.atol:g}, rtol={c.rtol:g})"
-            for c in self.checks if not c.passed
+        failed = [c for c in self.checks if not c.passed]
+        shown = "; ".join(
+            f"{c.output} @ batch {c.batch_size}, inputs {c.draw}: max abs {c.max_abs_error:.3g}, max rel "
+            f"{c.max_rel_error:.3g} (tolerance atol={c.atol:g}, rtol={c.rtol:g})"
+            for c in failed[:SHOWN_FAILURES]
         )
+        more = len(failed) - SHOWN_FAILURES
+        return shown + (f"; and {more} more of {len(self.checks)} checks" if more > 0 else "")
 
 
 def parity_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
@@ -84,18 +100,7 @@ def random_like(
     example: torch.Tensor, batch: int, generator: torch.Generator, grow_axes: Sequence[int] = (), grow: int = 0
 ) -> torch.Tensor:
     """Fresh values at another batch size (and other sizes of ``grow_axes``), in the example's dtype and range."""
-    shape = tuple(batch if axis == 0 else size + (grow if axis in grow_axes else 0)
-                  for axis, size in enumerate(example.shape))
-    if example.dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=generator).bool()
-    if not example.is_floating_point():
-        low, high = int(example.min()), int(example.max())
-        return torch.randint(low, high + 1, shape, generator=generator, dtype=example.dtype)
-    as_float = example.double()
-    std = float(as_float.std()) if example.numel() > 1 else 1.0
-    mean = float(as_float.mean())
-    values = torch.randn(shape, generator=generator, dtype=torch.float64) * (std or 1.0) + mean
-    return values.to(example.dtype)
+    return like_example(Stats.of(example), _shape(example, batch, grow_axes, grow), generator)
 
 
 def check_parity(
@@ -105,54 +110,123 @@ def check_parity(
     atol: float,
     rtol: float,
     seed: int = 1234,
-    hint: str = "",
+    traced: str = "",
     dynamic_dims: Mapping[str, Sequence[int]] | None = None,
 ) -> ParityReport:
-    """``dynamic_dims`` (input name -> non-batch axes) are resized too, differently at each batch size."""
+    """``dynamic_dims`` (input name -> non-batch axes) are resized too, differently at each batch size. ``traced``
+    says how a trace made the artifact, when one did: a frozen decision is then the first suspect."""
     generator = torch.Generator().manual_seed(seed)
+    stats = [Stats.of(t) for t in prepared.examples]
+    dims = dynamic_dims or {}
     checks: list[OutputParity] = []
     shapes: list[tuple[tuple[int, ...], ...]] = []
-    dims = dynamic_dims or {}
+    first_failure: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] | None = None
     for step, batch in enumerate(batch_sizes):
-        inputs = tuple(random_like(t, batch, generator, dims.get(name, ()), grow=step)
-                       for name, t in zip(prepared.input_names, prepared.examples, strict=True))
-        shapes.append(tuple(tuple(t.shape) for t in inputs))
-        with torch.no_grad():
-            expected = prepared.flat(*inputs)
-        for name, ref in zip(prepared.output_names, expected, strict=True):
-            if ref.dim() == 0 or ref.shape[0] != batch:
-                raise DynamicBatchError(
-                    f"output {name!r} has shape {tuple(ref.shape)} in eager PyTorch for a batch of {batch}: its "
-                    "first axis is not the batch axis. Keep every output's dim 0 the batch (reshape with x.shape[0])."
-                )
-        got = run_exported(inputs)
-        for name, ref, out in zip(prepared.output_names, expected, got, strict=True):
-            checks.append(_compare(name, batch, ref, out, atol, rtol))
-    report = ParityReport(tuple(batch_sizes), tuple(checks), tuple(shapes))
-    if not report.passed:
-        raise ParityError(
-            f"the exported model does not match eager PyTorch: {report.failures_text()}. "
-            + (hint or "Check for randomness or Python-side state in forward(), or widen the tolerance "
-               "(atol/rtol) if the difference is expected.")
-        )
+        step_shapes = tuple(_shape(t, batch, dims.get(name, ()), step)
+                            for name, t in zip(prepared.input_names, prepared.examples, strict=True))
+        shapes.append(step_shapes)
+        for draw in DRAWS:
+            inputs = draw_inputs(draw, stats, step_shapes, generator)
+            expected = _eager(prepared, inputs, batch)
+            got = run_exported(inputs)
+            new = [_compare(name, batch, ref, out, atol, rtol, draw.name)
+                   for name, ref, out in zip(prepared.output_names, expected, got, strict=True)]
+            checks.extend(new)
+            if first_failure is None and not all(c.passed for c in new):
+                first_failure = (inputs, expected)
+    report = ParityReport(tuple(batch_sizes), tuple(checks), tuple(shapes), tuple(d.name for d in DRAWS))
+    if first_failure is not None:
+        raise ParityError(_failure_message(report, prepared, first_failure, traced))
     return report
 
 
-def _compare(name: str, batch: int, ref: torch.Tensor, out: npt.NDArray[Any], atol: float, rtol: float) -> OutputParity:
+def _shape(example: torch.Tensor, batch: int, grow_axes: Sequence[int], grow: int) -> tuple[int, ...]:
+    return tuple(batch if axis == 0 else size + (grow if axis in grow_axes else 0)
+                 for axis, size in enumerate(example.shape))
+
+
+def _eager(prepared: PreparedModel, inputs: tuple[torch.Tensor, ...], batch: int) -> tuple[torch.Tensor, ...]:
+    with torch.no_grad():
+        expected = prepared.flat(*inputs)
+    for name, ref in zip(prepared.output_names, expected, strict=True):
+        if ref.dim() == 0 or ref.shape[0] != batch:
+            raise DynamicBatchError(
+                f"output {name!r} has shape {tuple(ref.shape)} in eager PyTorch for a batch of {batch}: its "
+                "first axis is not the batch axis. Keep every output's dim 0 the batch (reshape with x.shape[0])."
+            )
+    return tuple(expected)
+
+
+def _failure_message(
+    report: ParityReport,
+    prepared: PreparedModel,
+    failure: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]],
+    traced: str,
+) -> str:
+    inputs, expected = failure
+    causes = []
+    wavers = not _repeats(prepared, inputs, expected)
+    if wavers:  # certain, so first
+        causes.append(
+            "forward() itself answers differently on the same inputs: randomness (torch.rand*, dropout or other "
+            "train-mode behaviour in a custom layer) or Python-side state that changes between calls; make it "
+            "deterministic in eval mode"
+        )
+    if traced:
+        causes.append(
+            f"{traced}, and a trace freezes data-dependent control flow (an `if` on values or on the batch size, "
+            "len(x), .item(), loops over shapes) into the way the example went; keep the decision with torch.where / "
+            "torch.cond, or make forward() scriptable"
+        )
+    if not wavers:
+        causes.append(
+            "randomness or train-mode layers in forward() (torch.rand*, a custom dropout, batch statistics), or "
+            "Python-side state that changes between calls"
+        )
+    worst = max(c.scaled_error for c in report.checks if not c.passed)
+    if worst <= ROUNDING_SCALE:
+        causes.append(
+            f"rounding: the largest difference is {worst:.2g} of the outputs' scale; if that is expected (reduced "
+            "precision, a different kernel), widen atol/rtol"
+        )
+    else:
+        causes.append(
+            f"not rounding: the largest difference is {worst:.2g} of the outputs' scale, so widening atol/rtol "
+            "would publish a model that answers differently"
+        )
+    listed = "; ".join(f"{i}) {cause}" for i, cause in enumerate(causes, 1))
+    return (f"the exported model does not match eager PyTorch: {report.failures_text()}. Likely causes, most likely "
+            f"first: {listed}.")
+
+
+def _repeats(prepared: PreparedModel, inputs: tuple[torch.Tensor, ...], expected: tuple[torch.Tensor, ...]) -> bool:
+    with torch.no_grad():
+        again = prepared.flat(*inputs)
+    return all(torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
+               for a, b in zip(again, expected, strict=True))
+
+
+def _compare(
+    name: str, batch: int, ref: torch.Tensor, out: npt.NDArray[Any], atol: float, rtol: float, draw: str
+) -> OutputParity:
     expected = ref.detach().cpu().double().numpy() if ref.is_floating_point() else ref.cpu().numpy()
     actual = np.asarray(out)
     if actual.shape != expected.shape:
-        return OutputParity(name, batch, float("inf"), float("inf"), atol, rtol, False)
+        return OutputParity(name, batch, float("inf"), float("inf"), atol, rtol, False, draw, float("inf"))
     a = actual.astype(np.float64)
     e = expected.astype(np.float64)
-    diff = np.abs(a - e)
-    both_nan = np.isnan(a) & np.isnan(e)
-    diff = np.where(both_nan, 0.0, diff)
-    max_abs = float(np.nan_to_num(diff, nan=np.inf).max()) if diff.size else 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(a - e)
+    same = (a == e) | (np.isnan(a) & np.isnan(e))  # equal infinities and NaN on both sides agree
+    diff = np.where(same, 0.0, np.nan_to_num(diff, nan=np.inf))
+    max_abs = float(diff.max()) if diff.size else 0.0
     rel = diff / np.maximum(np.abs(e), np.finfo(np.float64).tiny)
     max_rel = float(np.nan_to_num(rel, nan=np.inf).max()) if rel.size else 0.0
-    passed = bool(np.all(np.nan_to_num(diff, nan=np.inf) <= atol + rtol * np.abs(np.nan_to_num(e))))
-    return OutputParity(name, batch, max_abs, max_rel, atol, rtol, passed)
+    passed = bool(np.all(diff <= atol + rtol * np.abs(np.nan_to_num(e))))
+    finite = np.abs(e[np.isfinite(e)])
+    scale = float(finite.max()) if finite.size else 0.0
+    scaled = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
+    return OutputParity(name, batch, max_abs, max_rel, atol, rtol, passed, draw, scaled)
 
 
 def onnx_runner(path: Path, input_names: Sequence[str]) -> Runner:

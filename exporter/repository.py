@@ -8,6 +8,7 @@ half-written version, and a failed or killed export leaves no version folder beh
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import os
 import shutil
@@ -17,7 +18,10 @@ from pathlib import Path
 
 from exporter.errors import RepositoryError
 from exporter.specs import validate_model_name
-from services.modelrepo.layout import CONFIG_FILE, STAGING_PREFIX, WARMUP_DIR, publish_lock
+from services.modelrepo.layout import CONFIG_FILE, EXPORT_LOGS_DIR, STAGING_PREFIX, WARMUP_DIR, publish_lock
+
+KEPT_LOGS = 20
+"""Failed exports' logs kept in the repository's log folder, newest first."""
 
 
 class ModelRepository:
@@ -101,6 +105,20 @@ class ModelRepository:
             shutil.rmtree(target, ignore_errors=True)
             raise
         return target
+
+    def keep_log(self, log: Path, name: str) -> Path | None:
+        """Move a failed export's log out of its staging folder (which is removed) into the repository's hidden
+        log folder, keeping the newest ``KEPT_LOGS``; ``None`` when the exporters said nothing."""
+        if not log.is_file() or log.stat().st_size == 0:
+            return None
+        logs = self.root / EXPORT_LOGS_DIR
+        logs.mkdir(exist_ok=True)
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        kept = logs / f"{name}-{stamp}-{os.getpid()}.log"
+        os.replace(log, kept)
+        for old in sorted(logs.glob("*.log"), key=lambda p: p.stat().st_mtime)[:-KEPT_LOGS]:
+            old.unlink(missing_ok=True)
+        return kept
 
     def _remove_abandoned_staging(self) -> None:
         # A publisher killed mid-export leaves its staging folder; its PID in the name tells if it is gone.

@@ -1,14 +1,13 @@
-"""ONNX export: the torch.export-based (dynamo) exporter first, the TorchScript-based one only
-when dynamo fails. Every input's and output's batch axis must come out dynamic."""
+"""ONNX export: the torch.export-based (dynamo) exporter first; the TorchScript-based one only when dynamo fails.
+
+Where ``forward`` decides on data (``exporter.control_flow``), a trace would freeze one way of the decision, so the
+decision is kept instead: the module is scripted and converted with each ``if`` as an ONNX ``If``. A trace that
+still decides on data is refused. Every input's and output's batch axis must come out dynamic."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 import re
-import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,14 +15,37 @@ import onnx
 import torch
 from torch.export import Dim
 
+from exporter.control_flow import (
+    AxisRange,
+    ScriptedConversionError,
+    control_flow_error,
+    is_data_dependent,
+    narrowed_axes,
+    recorded_decisions,
+    traced_decisions,
+)
 from exporter.errors import DynamicBatchError, ExportError, UnsupportedOperatorError
 from exporter.isolation import fresh_torch_state
-from exporter.module_io import PreparedModel
+from exporter.module_io import FlatModule, PreparedModel
 
 DYNAMO = "torch.onnx.dynamo"
 TORCHSCRIPT_ONNX = "torch.onnx.torchscript"
+SCRIPTED_ONNX = "torch.jit.script+torch.onnx.torchscript"
+"""Scripted first, so that each data-dependent ``if`` becomes an ONNX ``If`` with both branches."""
+LEGACY_OPSET = 17
 
 DynamicAxes = Mapping[str, Sequence[int] | Mapping[int, str]]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One export's inputs, as the TorchScript-based paths take them."""
+
+    prepared: PreparedModel
+    examples: tuple[torch.Tensor, ...]
+    path: Path
+    extra_axes: dict[str, dict[int, str]]
+    opset: int | None
 
 
 @dataclass(frozen=True)
@@ -44,22 +66,72 @@ def export_onnx(
     extra_axes = _normalise_axes(prepared, dynamic_axes)
     examples = _at_least_two_rows(prepared.examples)
     with fresh_torch_state():
-        try:
-            _export_dynamo(prepared, examples, path, max_batch_size, extra_axes, opset)
-            exporter, fallback_reason = DYNAMO, None
-        except DynamicBatchError:
-            raise
-        except Exception as dynamo_error:
-            fallback_reason = _summary(dynamo_error)
-            try:
-                _export_torchscript(prepared, examples, path, extra_axes, opset)
-            except Exception as legacy_error:
-                raise _explain(dynamo_error, legacy_error) from legacy_error
-            exporter = TORCHSCRIPT_ONNX
+        exporter, fallback_reason = _capture(prepared, examples, path, max_batch_size, extra_axes, opset)
     model = onnx.load(str(path), load_external_data=False)
     _check_batch_axes(model)
     opset_used = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     return OnnxArtifact(path, exporter, opset_used, fallback_reason)
+
+
+def _capture(
+    prepared: PreparedModel,
+    examples: tuple[torch.Tensor, ...],
+    path: Path,
+    max_batch_size: int,
+    extra_axes: dict[str, dict[int, str]],
+    opset: int | None,
+) -> tuple[str, str | None]:
+    """Write the file; returns which exporter did and, when it was not dynamo, why not."""
+    batch_range: AxisRange = (1, max(max_batch_size, 2))
+    requested = {name: {0: batch_range, **dict.fromkeys(extra_axes.get(name, {}), (1, None))}
+                 for name in prepared.input_names}
+    try:
+        program = _export_dynamo(prepared, examples, max_batch_size, extra_axes, opset)
+    except DynamicBatchError:
+        raise
+    except Exception as dynamo_error:
+        decides = is_data_dependent(dynamo_error)
+        reason = "torch.export refused a data-dependent decision" if decides else _summary(dynamo_error)
+        return _fallback(_Job(prepared, examples, path, extra_axes, opset), reason, dynamo_error, decides=decides)
+    captured = program.exported_program
+    narrowed = narrowed_axes(captured, prepared.input_names, requested) if captured is not None else []
+    # A narrowed batch axis is a decision on the batch size; a narrowed other axis usually is an operator's need
+    # (a kernel larger than the input), and a decision only where a trace of forward shows one.
+    if narrowed and (any(axis == 0 for axis, _ in narrowed) or traced_decisions(prepared.flat, examples)):
+        reason = "torch.export narrowed " + "; ".join(text for _, text in narrowed)
+        return _fallback(_Job(prepared, examples, path, extra_axes, opset), reason, reason, decides=True)
+    program.save(str(path))
+    return DYNAMO, None
+
+
+def _fallback(job: _Job, reason: str, dynamo_error: BaseException | str, *, decides: bool) -> tuple[str, str]:
+    """The TorchScript-based exporter: scripted where ``forward`` decides on data, traced otherwise."""
+    script_error: BaseException | None = None
+    if decides:
+        script_error = _scripted_or_error(job)
+        if script_error is None:
+            return SCRIPTED_ONNX, reason
+    with recorded_decisions() as decisions:
+        try:
+            _export_traced(job)
+        except Exception as legacy_error:
+            traced_error: Exception | None = legacy_error
+        else:
+            traced_error = None
+    if decisions and not decides:
+        # dynamo failed for another reason, yet the trace decided on data: keep the decision if scripting can.
+        script_error = _scripted_or_error(job)
+        if script_error is None:
+            return SCRIPTED_ONNX, reason
+    if decisions:
+        if not decides:
+            evidence = f"torch.export failed for another reason ({reason[:200]}), so the model was traced"
+        else:
+            evidence = reason
+        raise control_flow_error(decisions, fmt="onnx", evidence=evidence, script_error=script_error)
+    if traced_error is not None:
+        raise _explain(dynamo_error, traced_error) from traced_error
+    return TORCHSCRIPT_ONNX, reason
 
 
 def _normalise_axes(prepared: PreparedModel, dynamic_axes: DynamicAxes | None) -> dict[str, dict[int, str]]:
@@ -83,11 +155,10 @@ def _at_least_two_rows(examples: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor
 def _export_dynamo(
     prepared: PreparedModel,
     examples: tuple[torch.Tensor, ...],
-    path: Path,
     max_batch_size: int,
     extra_axes: dict[str, dict[int, str]],
     opset: int | None,
-) -> None:
+) -> torch.onnx.ONNXProgram:
     batch = Dim("batch", min=1, max=max(max_batch_size, 2))
     dims: dict[str, Dim] = {}
     per_input = []
@@ -96,49 +167,65 @@ def _export_dynamo(
         for axis, label in extra_axes.get(name, {}).items():
             spec[axis] = dims.setdefault(label, Dim(re.sub(r"\W", "_", label), min=1))
         per_input.append(spec)
-    with _quiet():
-        program = torch.onnx.export(
-            prepared.flat.eval(),
-            examples,
-            None,
-            dynamo=True,
-            input_names=list(prepared.input_names),
-            output_names=list(prepared.output_names),
-            dynamic_shapes=(tuple(per_input),),
-            opset_version=opset,
-            optimize=True,
-            verbose=False,
-        )
+    program = torch.onnx.export(
+        prepared.flat.eval(),
+        examples,
+        None,
+        dynamo=True,
+        input_names=list(prepared.input_names),
+        output_names=list(prepared.output_names),
+        dynamic_shapes=(tuple(per_input),),
+        opset_version=opset,
+        optimize=True,
+        verbose=False,
+    )
     if program is None:  # pragma: no cover - dynamo always returns a program
         raise ExportError("torch.onnx.export returned no program")
-    program.save(str(path))
+    return program
 
 
-def _export_torchscript(
-    prepared: PreparedModel,
-    examples: tuple[torch.Tensor, ...],
-    path: Path,
-    extra_axes: dict[str, dict[int, str]],
-    opset: int | None,
-) -> None:
+def _export_traced(job: _Job) -> None:
+    _export_legacy(job.prepared.flat.eval(), job)
+
+
+def _export_scripted(job: _Job) -> None:
+    scripted = torch.jit.script(job.prepared.flat.inner)
+    try:
+        _export_legacy(FlatModule(scripted, job.prepared.flat.keyword_names).eval(), job)
+    except Exception as exc:
+        raise ScriptedConversionError(exc) from exc
+
+
+def _scripted_or_error(job: _Job) -> Exception | None:
+    """Export the scripted model; the failure, if any, for the refusal to quote."""
+    try:
+        _export_scripted(job)
+    except Exception as exc:
+        return exc
+    return None
+
+
+def _export_legacy(model: torch.nn.Module, job: _Job) -> None:
+    prepared = job.prepared
     axes: dict[str, dict[int, str]] = {}
     for name in (*prepared.input_names, *prepared.output_names):
-        axes[name] = {0: "batch", **extra_axes.get(name, {})}
-    model: torch.nn.Module = prepared.flat.eval()
-    with _quiet(), torch.no_grad():
+        axes[name] = {0: "batch", **job.extra_axes.get(name, {})}
+    with torch.no_grad():
         if any(isinstance(m, torch.jit.ScriptModule) for m in model.modules()):
             # This exporter takes a ScriptModule whole but not nested in a Python module: trace the flat
             # adapter around it (a trace keeps the scripted module's control flow as a call).
-            model = torch.jit.trace(model, examples, check_trace=False, strict=False)  # type: ignore[no-untyped-call]
+            model = torch.jit.trace(  # type: ignore[no-untyped-call]
+                model, job.examples, check_trace=False, strict=False
+            )
         torch.onnx.export(
             model,
-            examples,
-            str(path),
+            job.examples,
+            str(job.path),
             dynamo=False,
             input_names=list(prepared.input_names),
             output_names=list(prepared.output_names),
             dynamic_axes=axes,
-            opset_version=opset or 17,
+            opset_version=job.opset or LEGACY_OPSET,
         )
 
 
@@ -189,33 +276,18 @@ def _summary(error: BaseException) -> str:
     return " ".join(lines)[:500] or type(error).__name__
 
 
-def _explain(dynamo_error: BaseException, legacy_error: BaseException) -> ExportError:
-    op = _operator(dynamo_error, legacy_error)
+def _explain(dynamo_error: BaseException | str, legacy_error: BaseException) -> ExportError:
+    dynamo_summary = dynamo_error if isinstance(dynamo_error, str) else _summary(dynamo_error)
+    op = _operator(legacy_error) if isinstance(dynamo_error, str) else _operator(dynamo_error, legacy_error)
     if op is not None:
         return UnsupportedOperatorError(
-            f"neither ONNX exporter can convert the operator {op} (dynamo: {_summary(dynamo_error)[:200]}; "
+            f"neither ONNX exporter can convert the operator {op} (dynamo: {dynamo_summary[:200]}; "
             f"TorchScript-based: {_summary(legacy_error)[:200]}). Ways out: replace {op} with operators ONNX "
             "supports, move it out of the model into pre/post-processing, register a custom ONNX translation "
             "for it, or export with format='torchscript'.",
             operator=op,
         )
     return ExportError(
-        f"ONNX export failed with both exporters. dynamo: {_summary(dynamo_error)} | TorchScript-based: "
+        f"ONNX export failed with both exporters. dynamo: {dynamo_summary} | TorchScript-based: "
         f"{_summary(legacy_error)}. Try format='torchscript', or simplify the failing part of forward()."
     )
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """The exporters print progress and chatty warnings; the CLI shows its own progress instead."""
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "torch._export")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)

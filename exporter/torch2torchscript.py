@@ -1,18 +1,16 @@
 """TorchScript export: ``torch.jit.script`` first, so data-dependent control flow survives; a
-trace only where scripting fails. The flat adapter around the module is always traced (it has
-no control flow), and tracing keeps a scripted submodule's branches intact."""
+trace only where scripting fails, and never one that decided on data (``exporter.control_flow``).
+The flat adapter around the module is always traced (it has no control flow), and tracing keeps a
+scripted submodule's branches intact."""
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.jit._trace import TracerWarning
 
+from exporter.control_flow import control_flow_error, recorded_decisions
 from exporter.errors import ExportError
 from exporter.isolation import fresh_torch_state
 from exporter.module_io import FlatModule, PreparedModel
@@ -26,7 +24,6 @@ class TorchScriptArtifact:
     path: Path
     exporter: str
     script_error: str | None
-    tracer_warnings: list[str] = field(default_factory=list)
 
 
 def export_torchscript(prepared: PreparedModel, path: Path) -> TorchScriptArtifact:
@@ -35,20 +32,16 @@ def export_torchscript(prepared: PreparedModel, path: Path) -> TorchScriptArtifa
 
 
 def _script_or_trace(prepared: PreparedModel, path: Path) -> TorchScriptArtifact:
-    inner = prepared.flat.inner
-    script_error: str | None = None
+    script_failure: Exception | None = None
     try:
-        with _quiet_warnings():
-            scripted = torch.jit.script(inner)
-        flat = FlatModule(scripted, prepared.flat.keyword_names)
+        flat = FlatModule(torch.jit.script(prepared.flat.inner), prepared.flat.keyword_names)
         exporter = SCRIPT
     except Exception as exc:  # scripting fails on plenty of valid Python; tracing is the fallback
-        script_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        script_failure = exc
         flat = prepared.flat
         exporter = TRACE
-    tracer_warnings: list[str] = []
-    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
-        warnings.simplefilter("always")
+    script_error = _first_line(script_failure) if script_failure is not None else None
+    with recorded_decisions() as decisions, torch.no_grad():
         try:
             traced = torch.jit.trace(  # type: ignore[no-untyped-call]
                 flat.eval(), prepared.examples, check_trace=False, strict=False
@@ -59,14 +52,13 @@ def _script_or_trace(prepared: PreparedModel, path: Path) -> TorchScriptArtifact
                 f"{type(exc).__name__}: {exc}. Make forward() scriptable (type-annotate it, avoid dynamic "
                 "Python features) or export with format='onnx'."
             ) from exc
-    tracer_warnings = sorted({str(w.message).splitlines()[0] for w in caught
-                              if issubclass(w.category, TracerWarning)})
+    if decisions and exporter == TRACE:
+        raise control_flow_error(decisions, fmt="torchscript", evidence="scripting failed, so it would be traced",
+                                 script_error=script_failure)
     traced.save(str(path))
-    return TorchScriptArtifact(path, exporter, script_error, tracer_warnings)
+    return TorchScriptArtifact(path, exporter, script_error)
 
 
-@contextlib.contextmanager
-def _quiet_warnings() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"

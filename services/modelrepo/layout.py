@@ -8,6 +8,7 @@
     <repository>/<model>/<version>/manifest.json, samples/   written by the exporter; optional for serving
     <repository>/.switchyard.lock             publishers take it (flock) while they change the repository
     <repository>/.staging-<pid>-*             an export being assembled: never a model
+    <repository>/.export-logs/<model>-*.log   the exporters' diagnostics of failed exports (the newest few)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ SAMPLE_INPUTS_FILE = f"{SAMPLES_DIR}/inputs.npz"
 SAMPLE_OUTPUTS_FILE = f"{SAMPLES_DIR}/outputs.npz"
 LOCK_FILE = ".switchyard.lock"
 STAGING_PREFIX = ".staging-"
+EXPORT_LOGS_DIR = ".export-logs"
 
 ONNX_PLATFORM = "onnxruntime_onnx"
 TORCHSCRIPT_PLATFORM = "pytorch_libtorch"

@@ -45,7 +45,7 @@ class Manifest:
     """File name of the model inside the version folder (``model.onnx`` / ``model.pt``)."""
     exporter: str
     """Which exporter produced the artifact (``torch.onnx.dynamo``, ``torch.onnx.torchscript``,
-    ``torch.jit.script``, ``torch.jit.trace``)."""
+    ``torch.jit.script+torch.onnx.torchscript``, ``torch.jit.script``, ``torch.jit.trace``)."""
     max_batch_size: int
     inputs: list[TensorEntry]
     outputs: list[TensorEntry]

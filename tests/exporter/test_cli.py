@@ -80,3 +80,29 @@ def test_cli_export_names_the_extra_in_one_line_when_toolchain_is_missing(repo: 
     ]
     assert done.stdout == ""
     assert not repo.exists()
+
+
+def test_cli_export_names_outputs_in_order_when_output_is_repeated(repo: Path) -> None:
+    done = switchyard("export", "examples.models:build_mlp", "--name", "mlp", "--repository", str(repo),
+                      "--input", "features:FP32:32", "--output", "scores", "--output", "probs")
+
+    assert done.returncode == 0, done.stderr
+    config = (repo / "mlp" / "config.pbtxt").read_text()
+    assert config.index('name: "scores"') < config.index('name: "probs"')
+
+
+def test_cli_export_names_each_differing_tensor_when_the_signature_conflicts(repo: Path) -> None:
+    first = switchyard("export", "examples.models:build_mlp", "--name", "mlp", "--repository", str(repo),
+                       "--input", "features:FP32:32")
+    assert first.returncode == 0, first.stderr
+
+    done = switchyard("export", "examples.models:build_mlp", "--name", "mlp", "--repository", str(repo),
+                      "--input", "features:FP32:32", "--output", "scores", "--output", "probabilities")
+
+    assert done.returncode == 1
+    message = " ".join(done.stderr.split())
+    assert "output 0: logits FP32 [8] there, scores FP32 [8] here" in message
+    assert "output 1" not in message  # probabilities matches on both sides
+    assert "--name" in message
+    assert "--output" in message
+    assert sorted(p.name for p in (repo / "mlp").iterdir() if p.name.isdigit()) == ["1"]

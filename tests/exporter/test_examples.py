@@ -1,21 +1,53 @@
-"""What `make models` writes: both examples as versions 1 and 2, valid and faithful."""
+"""What `make models` writes: both examples as versions 1 and 2, valid and faithful; and the README's export
+commands, run after it in the README's order, all succeed."""
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 import torch
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from examples.export_examples import EXAMPLES, export_examples
+from exporter import ExportResult
 from services.modelrepo.manifest import read_manifest, read_samples
 
+ROOT = Path(__file__).parents[2]
+FENCED = re.compile(r"```(\w*)\n(.*?)```", re.DOTALL)
 
-def test_export_examples_writes_two_differing_faithful_versions_when_repository_is_empty(repo: Path) -> None:
-    written = export_examples(repo)
+
+@pytest.fixture(scope="module")
+def examples_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[ExportResult]]:
+    repo = tmp_path_factory.mktemp("examples") / "model_repository"
+    return repo, export_examples(repo)
+
+
+def readme_exports() -> list[tuple[str, str]]:
+    """The README's export commands in its order: ``("bash", command)`` or ``("python", snippet)``."""
+    found = []
+    for language, body in FENCED.findall((ROOT / "README.md").read_text()):
+        if language == "bash":
+            found += [("bash", line) for line in body.replace("\\\n", " ").splitlines()
+                      if " export " in line and line.lstrip().startswith(".venv/bin/switchyard")]
+        elif language == "python" and "from exporter import export" in body:
+            found.append(("python", body))
+    return found
+
+
+def test_export_examples_writes_two_differing_faithful_versions_when_repository_is_empty(
+    examples_repo: tuple[Path, list[ExportResult]],
+) -> None:
+    repo, written = examples_repo
 
     expected = [("classifier", 1), ("classifier", 2), ("mlp", 1), ("mlp", 2)]
     assert sorted((r.name, r.version) for r in written) == expected
@@ -41,3 +73,25 @@ def test_export_examples_writes_two_differing_faithful_versions_when_repository_
         assert not np.allclose(answers[0], answers[1]), f"{example.name} v1 and v2 must answer differently"
 
     assert export_examples(repo) == []
+
+
+@pytest.mark.slow
+def test_readme_export_commands_succeed_when_run_after_the_examples_in_readme_order(
+    examples_repo: tuple[Path, list[ExportResult]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copytree(examples_repo[0], tmp_path / "model_repository")  # what `make serve` left, as the README has it
+    monkeypatch.chdir(tmp_path)
+    commands = readme_exports()
+    assert [kind for kind, _ in commands] == ["bash", "python"]
+
+    for kind, text in commands:
+        if kind == "bash":
+            argv = [sys.executable, "-m", "services", *shlex.split(text)[1:]]
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+            assert done.returncode == 0, f"{text}\n{done.stderr}"
+        else:
+            exec(compile(text, "README.md", "exec"), {})  # noqa: S102 - the README's own snippet
+    assert sorted(int(p.name) for p in (tmp_path / "model_repository" / "classifier").iterdir()
+                  if p.name.isdigit()) == [1, 2, 3]
+    assert (tmp_path / "model_repository" / "mlp" / "3" / "model.onnx").exists()

@@ -13,7 +13,14 @@ from google.protobuf import text_format
 from torch import nn
 from tritonclient.grpc import model_config_pb2 as mc
 
-from exporter import DynamicBatchError, ModelError, ParityError, UnsupportedOperatorError, export
+from exporter import (
+    DataDependentControlFlowError,
+    DynamicBatchError,
+    ModelError,
+    ParityError,
+    UnsupportedOperatorError,
+    export,
+)
 from tests.exporter.helpers import listing
 
 
@@ -62,7 +69,7 @@ class Transposes(nn.Module):
 
 
 class LenBranch(nn.Module):
-    """Unscriptable (**kw) with a shape-dependent branch: a trace freezes the branch it saw."""
+    """Unscriptable (**kw) with a shape-dependent branch: a trace would freeze the branch it saw."""
 
     def forward(self, x: torch.Tensor, **kw: torch.Tensor) -> torch.Tensor:
         if len(x) > 2:
@@ -180,17 +187,19 @@ def test_export_handles_input_when_it_is_not_contiguous(repo: Path) -> None:
     assert any("not contiguous" in note for note in result.notes)
 
 
-def test_export_catches_frozen_branch_when_trace_is_the_fallback(repo: Path) -> None:
-    with pytest.raises(ParityError, match="traced") as caught:
+def test_export_refuses_trace_when_it_would_freeze_a_len_branch(repo: Path) -> None:
+    with pytest.raises(DataDependentControlFlowError, match=r"if len\(x\) > 2") as caught:
         export(LenBranch(), torch.randn(4, 3), name="m", repository=repo, format="torchscript")
-    assert "torch.jit.script" in str(caught.value)
+    assert "torch.where" in str(caught.value)
+    assert caught.value.locations[0].endswith("if len(x) > 2:")
     assert listing(repo) == []
 
 
 def test_export_reports_parity_failure_when_export_is_unfaithful(repo: Path) -> None:
-    with pytest.raises(ParityError, match=r"output @ batch \d+: max abs") as caught:
+    with pytest.raises(ParityError, match=r"output @ batch \d+, inputs [^:]+: max abs") as caught:
         export(CountsCalls(), torch.randn(4, 3), name="m", repository=repo)
     assert "tolerance atol=0.0001, rtol=0.0001" in str(caught.value)
+    assert "1) forward() itself answers differently on the same inputs" in str(caught.value)
     assert listing(repo) == []
 
 
