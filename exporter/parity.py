@@ -234,6 +234,9 @@ def onnx_runner(path: Path, input_names: Sequence[str]) -> Runner:
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    # The gate alternates eager PyTorch and onnxruntime runs: threads left spinning after a run would take the cores
+    # from the other engine's next one (eager PyTorch ran at half speed beside them).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
 
     def run(inputs: tuple[torch.Tensor, ...]) -> list[npt.NDArray[Any]]:
