@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
+import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
@@ -118,3 +119,22 @@ class _Aio(_Http):
 
     async def close(self) -> None:
         await self._client.close()
+
+
+HOSTILE_CONFIGS = {
+    "3000-brackets": "[" * 3000 + "]" * 3000,
+    "1000-levels-in-a-field": '{"max_batch_size": ' + "[" * 1000 + "]" * 1000 + "}",
+    "5000-digits": '{"max_batch_size": ' + "9" * 5000 + "}",
+    "5000-digits-in-policy": '{"version_policy": {"latest": {"num_versions": ' + "9" * 5000 + "}}}",
+}
+"""Config overrides that made the override parser recurse or convert without end (a 500 / INTERNAL before)."""
+
+
+def assert_override_refused(http_url: str, grpc_url: str, token: str, config: str) -> None:
+    """A load of ``mlp`` with ``config`` is a 400 / INVALID_ARGUMENT over HTTP and gRPC, naming the parameter."""
+    with httpclient.InferenceServerClient(http_url) as http, grpcclient.InferenceServerClient(grpc_url) as grpc_client:
+        for client in (http, grpc_client):
+            with pytest.raises(InferenceServerException) as refused:
+                client.load_model("mlp", headers={"authorization": f"Bearer {token}"}, config=config)
+            assert status(refused.value) in ("400", "INVALID_ARGUMENT"), refused.value
+            assert "the 'config' parameter is not a ModelConfig in JSON" in str(refused.value.message())

@@ -1,8 +1,10 @@
 """Shared-memory regions for the tests, made the way a Triton client makes them (``tritonclient.utils.shared_memory``),
-and a look at who maps them."""
+and a look at who maps them or holds them open."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,3 +54,12 @@ def mappings(path: Path, pid: int | str = "self") -> int:
     """How many memory mappings of ``path`` the process has."""
     suffix = f" {path}"
     return sum(1 for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if line.endswith(suffix))
+
+
+def descriptors(path: Path, pid: int | str = "self") -> int:
+    """How many open file descriptors of ``path`` the process has."""
+    found = 0
+    for link in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed since the listing
+            found += os.readlink(link) == str(path)
+    return found

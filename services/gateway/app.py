@@ -138,6 +138,7 @@ def create_app(
                 settings.grpc_port,
                 repository=repository_api,
                 max_message_bytes=settings.max_body_bytes,
+                max_metadata_bytes=settings.max_header_bytes,
                 connection_idle_s=settings.keep_alive_s,
                 handshake_timeout_s=settings.header_timeout_s,
             )

@@ -1,6 +1,6 @@
 """Tensors in registered shared-memory regions (Triton's ``shared_memory_region`` / ``_offset`` / ``_byte_size``
-tensor parameters): inputs are read from a region without a copy, outputs written into one, every offset and size
-checked against the region first."""
+tensor parameters): inputs are copied out of a region once, at decode, outputs copied into one, every offset and size
+checked against the region first (and against the shm object's current size as the copy runs: ``shared_memory``)."""
 
 from __future__ import annotations
 
@@ -59,13 +59,14 @@ class TensorRegions:
     def input(
         self, tensor: str, datatype: str, shape: tuple[int, ...], params: Mapping[str, Any], *, has_data: bool
     ) -> InferInput:
-        """The input as an array over the region's bytes (read-only, no copy)."""
+        """The input as a read-only array of the region's bytes, copied out of it now: the client may change or
+        shrink its object once the request was decoded, the model reads what was there."""
         if has_data:  # which would the client mean? Triton refuses this too
             raise InvalidInput(f"input '{tensor}': give its data either in shared memory or in the request, not both")
         target = self._slice("input", tensor, params)
-        view = target.region.view(target.offset, target.byte_size)
         if datatype == BYTES:  # serialized strings, as in a request body: byte_size is what they take
-            return InferInput(tensor, datatype, shape, deserialize(view, shape, tensor), region=target)
+            strings = deserialize(target.region.read(target.offset, target.byte_size), shape, tensor)
+            return InferInput(tensor, datatype, shape, strings, region=target)
         dtype = numpy_dtype(datatype, tensor)
         count = math.prod(shape)
         if target.byte_size != count * dtype.itemsize:
@@ -73,8 +74,9 @@ class TensorRegions:
                 f"input '{tensor}': shape {list(shape)} of {datatype} needs {count * dtype.itemsize} bytes, "
                 f"shared_memory_byte_size is {target.byte_size}"
             )
-        data = np.frombuffer(view, dtype=dtype, count=count)
-        data.flags.writeable = False  # the client's memory: nothing in the gateway may write to it
+        data = np.empty(count, dtype=dtype)
+        target.region.read_into(target.offset, data.data.cast("B"))
+        data.flags.writeable = False  # an input, like one read from a request body
         return InferInput(tensor, datatype, shape, shaped(data, shape, tensor), region=target)
 
     def output(self, tensor: str, params: Mapping[str, Any]) -> RegionSlice | None:
@@ -147,20 +149,23 @@ def place_outputs(request: InferRequest, outputs: Sequence[InferOutput]) -> None
 
 
 def written_by_server(target: RegionSlice, name: str, datatype: str, shape: Sequence[int]) -> InferOutput:
-    """An output a model server wrote into ``target`` itself: an array over the region's bytes (BYTES: its strings,
-    which end where their length prefixes say)."""
+    """An output a model server wrote into ``target`` itself, copied out of the region (BYTES: its strings, which end
+    where their length prefixes say)."""
     count = math.prod(shape)
-    view = target.region.view(target.offset, target.byte_size)
+    region = target.region
     if datatype == BYTES:
-        size = _serialized_size(view, count, name)
-        data = deserialize(view[:size], tuple(shape), name, kind="output")
+        written = region.read(target.offset, target.byte_size)
+        size = _serialized_size(written, count, name)
+        data = deserialize(written[:size], tuple(shape), name, kind="output")
     else:
         dtype = numpy_dtype(datatype, name)
         size = count * dtype.itemsize
         if size > target.byte_size:
             raise InvalidInput(f"output '{name}' of {size} bytes does not fit its {target.byte_size} bytes")
-        data = np.frombuffer(view, dtype=dtype, count=count).reshape(shape)
-    return InferOutput(name, datatype, data, region=RegionSlice(target.region, target.offset, size))
+        values = np.empty(count, dtype=dtype)
+        region.read_into(target.offset, values.data.cast("B"))
+        data = values.reshape(shape)
+    return InferOutput(name, datatype, data, region=RegionSlice(region, target.offset, size))
 
 
 def _serialized_size(view: memoryview, count: int, name: str) -> int:
@@ -176,16 +181,17 @@ def _serialized_size(view: memoryview, count: int, name: str) -> int:
 
 
 def detach(request: InferRequest, response: InferResponse) -> tuple[InferRequest, InferResponse]:
-    """Copies that no longer point into the client's regions, for work that outlives the answer (shadow traffic):
-    the client may reuse its regions once answered, and a shadow's outputs must never land in them."""
+    """The request and answer without their regions, for work that outlives the answer (shadow traffic): the client
+    may reuse its regions once answered, and a shadow's outputs must never land in them. The arrays are the
+    gateway's own copies already (inputs copied out at decode, outputs copied in or out), so they are kept."""
     if not request.output_regions and all(tensor.region is None for tensor in request.inputs):
         return request, response
     inputs = [
-        InferInput(tensor.name, tensor.datatype, tensor.shape, np.array(tensor.data)) if tensor.region else tensor
+        InferInput(tensor.name, tensor.datatype, tensor.shape, tensor.data) if tensor.region else tensor
         for tensor in request.inputs
     ]
     outputs = [
-        InferOutput(output.name, output.datatype, np.array(output.data)) if output.region else output
+        InferOutput(output.name, output.datatype, output.data) if output.region else output
         for output in response.outputs
     ]
     return (

@@ -23,7 +23,14 @@ FD_HEADROOM = 256
 def uvicorn_config(settings: Settings, app: ASGIApp, *, log_level: str | None = None) -> uvicorn.Config:
     """How every gateway runs (``switchyard serve`` and ``services.gateway.testing``): the connection limits are
     part of what is served and tested, not a production-only extra."""
-    limits = ConnectionLimits(settings.header_timeout_s, settings.body_timeout_s, settings.max_connections)
+    limits = ConnectionLimits(
+        settings.header_timeout_s,
+        settings.body_timeout_s,
+        settings.max_connections,
+        settings.max_header_bytes,
+        settings.max_header_line_bytes,
+        settings.max_header_count,
+    )
     # The advertised idle timeout lets clients that honour it (undici, browsers) drop a connection before the
     # gateway closes it, the race in which a reused connection fails at the transport.
     keep_alive = [("keep-alive", f"timeout={int(settings.keep_alive_s)}")] if settings.keep_alive_s >= 1 else []
@@ -49,11 +56,12 @@ def uvicorn_config(settings: Settings, app: ASGIApp, *, log_level: str | None = 
 
 def check_fd_limit(settings: Settings) -> None:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and settings.max_connections + FD_HEADROOM > soft:
+    regions = settings.shared_memory_max_regions if settings.shared_memory else 0  # a descriptor each
+    if soft != resource.RLIM_INFINITY and settings.max_connections + regions + FD_HEADROOM > soft:
         log.warning(
-            "max_connections=%d leaves too few of the %d file descriptors (ulimit -n) for the rest of the gateway; "
-            "raise the limit or lower SWITCHYARD_MAX_CONNECTIONS below %d",
-            settings.max_connections, soft, max(soft - FD_HEADROOM, 1),
+            "max_connections=%d (and %d shared-memory regions) leave too few of the %d file descriptors (ulimit -n) "
+            "for the rest of the gateway; raise the limit or lower SWITCHYARD_MAX_CONNECTIONS below %d",
+            settings.max_connections, regions, soft, max(soft - regions - FD_HEADROOM, 1),
         )
 
 

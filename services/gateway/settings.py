@@ -93,13 +93,13 @@ class Settings(BaseSettings):
     RESOURCE_EXHAUSTED above it)."""
     shared_memory: bool = False
     """Serve the system shared-memory extension (``/v2/systemsharedmemory``, gRPC ``SystemSharedMemory*``) to
-    clients on this host: they register POSIX shm objects under /dev/shm, which the gateway maps read-write. Off by
+    clients on this host: they register POSIX shm objects under /dev/shm, which the gateway opens read-write. Off by
     default, as in Triton (``--allow-client-shm``): any client that can reach the gateway could name any shm object of
     the gateway's user. Off: status lists nothing, unregister does nothing, register is refused."""
     shared_memory_max_regions: int = 256
-    """Shared-memory regions registered at most (all tenants together)."""
+    """Shared-memory regions registered at most (all tenants together); each holds a file descriptor."""
     shared_memory_max_bytes: int = 4 * 1024**3
-    """Bytes of shared memory mapped at most (the regions' byte sizes, all tenants together)."""
+    """Bytes of shared memory registered at most (the regions' byte sizes, all tenants together)."""
     api_keys: SecretStr | None = None
     """Comma-separated ``key[:tenant]`` entries; set (or ``api_keys_file`` set): inference needs an API key
     (``X-API-Key`` header, ``x-api-key`` gRPC metadata). Unset: open. A key without a tenant is its own tenant,
@@ -146,6 +146,14 @@ class Settings(BaseSettings):
     max_connections: int = 4096
     """Open HTTP connections at most; beyond it new connections are closed at once (keep it below the
     process's file-descriptor limit)."""
+    max_header_bytes: int = 64 * 1024
+    """Largest request head a client may send before anything checks who it is (HTTP: request line and headers;
+    gRPC: a call's metadata), counted while it arrives: beyond it HTTP answers 431 and closes the connection, gRPC
+    refuses the call (its ``grpc.max_metadata_size``)."""
+    max_header_line_bytes: int = 16 * 1024
+    """Longest HTTP request line or header line (name and value); beyond it: 431, connection closed."""
+    max_header_count: int = 100
+    """Most header lines an HTTP request may have; beyond them: 431, connection closed."""
     grpc_shutdown_grace_s: float = 5.0
     """How long gRPC calls in flight may finish when the gateway stops."""
     log_level: str = "info"
@@ -179,8 +187,13 @@ class Settings(BaseSettings):
                 raise ValueError(f"SWITCHYARD_{name.upper()} must be 0 or more, got {number}")
         if self.triton_http_url and not _host_port(self.triton_http_url):
             raise ValueError(f"SWITCHYARD_TRITON_HTTP_URL must be host:port, got {self.triton_http_url!r}")
-        if self.max_connections < 1:
-            raise ValueError(f"SWITCHYARD_MAX_CONNECTIONS must be at least 1, got {self.max_connections}")
+        positive = {
+            "max_connections": self.max_connections, "max_header_bytes": self.max_header_bytes,
+            "max_header_line_bytes": self.max_header_line_bytes, "max_header_count": self.max_header_count,
+        }
+        for name, value in positive.items():
+            if value < 1:
+                raise ValueError(f"SWITCHYARD_{name.upper()} must be at least 1, got {value}")
         if not 1 <= self.priority_levels <= 100:
             raise ValueError(f"SWITCHYARD_PRIORITY_LEVELS must lie between 1 and 100, got {self.priority_levels}")
         if not 1 <= self.default_priority <= self.priority_levels:

@@ -1,5 +1,11 @@
 """System shared-memory regions that clients on the same host register (Triton's shared-memory extension): each one a
-window of a POSIX shm object under /dev/shm, mapped read-write, bounded in number and bytes, named per tenant.
+window of a POSIX shm object under /dev/shm, opened read-write, bounded in number and bytes, named per tenant.
+
+The gateway never maps a client's object. The client keeps it and may shrink it at any time (``ftruncate``); a page of
+a mapping past the object's new end raises SIGBUS in whichever thread touches it (the event loop, an onnxruntime
+worker, a protobuf encoder), and the process dies. Regions are read and written through a descriptor instead:
+``pread`` past the end comes back short and ``pwrite`` cannot fault, so a region its object no longer holds is a 400
+naming it. Inputs are copied out once (a memcpy, at decode), outputs copied in once.
 
 ``region_tensors`` reads inputs from and writes outputs to them; a ``RegionMirror`` (the Triton backend) registers
 the same windows in a model server that shares the host's /dev/shm."""
@@ -7,7 +13,6 @@ the same windows in a model server that shares the host's /dev/shm."""
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import re
 import stat
@@ -50,13 +55,14 @@ class RegionMirror(Protocol):
 
 
 class Region:
-    """One registered window: ``byte_size`` bytes at ``offset`` in the shm object ``key``."""
+    """One registered window: ``byte_size`` bytes at ``offset`` in the shm object ``key``, reached through a
+    descriptor of the object that stays open until the region is unregistered (as a mapping would, it outlives an
+    unlink of the name)."""
 
-    __slots__ = ("_map", "_start", "byte_size", "key", "name", "object_size", "offset", "remote_name", "tenant")
+    __slots__ = ("_fd", "byte_size", "key", "name", "object_size", "offset", "remote_name", "tenant")
 
     def __init__(
-        self, name: str, key: str, offset: int, byte_size: int, tenant: str, mapping: mmap.mmap, start: int,
-        object_size: int,
+        self, name: str, key: str, offset: int, byte_size: int, tenant: str, fd: int, object_size: int
     ) -> None:
         self.name, self.key, self.offset, self.byte_size = name, key, offset, byte_size
         self.tenant = tenant
@@ -64,38 +70,69 @@ class Region:
         """The shm object's size when the region was registered."""
         self.remote_name: str | None = None
         """The name under which a mirror's requests reach the shm object, once the mirror registered it."""
-        self._map: mmap.mmap | None = mapping
-        self._start = start
+        self._fd: int | None = fd
 
     @property
     def closed(self) -> bool:
-        return self._map is None
+        return self._fd is None
 
+    def read_into(self, offset: int, target: memoryview) -> None:
+        """Fill ``target`` (a writable byte buffer) from ``offset`` within the region on (the caller checked the
+        region's bounds); raises ``InvalidInput`` when the object has been shrunk past them."""
+        fd = self._descriptor()
+        start = self.offset + offset
+        size = target.nbytes
+        done = os.preadv(fd, [target], start)
+        while done < size:
+            count = os.preadv(fd, [target[done:]], start + done)
+            if count == 0:  # the object ends sooner than when it was registered
+                raise self._shrunk(offset, size)
+            done += count
 
-    def view(self, offset: int, size: int) -> memoryview:
-        """``size`` bytes at ``offset`` within the region, no copy (the caller checked the bounds). An array over it
-        keeps the mapping alive after an unregister, until the array is gone."""
-        mapping = self._mapping()
-        start = self._start + offset
-        return memoryview(mapping)[start : start + size]
+    def read(self, offset: int, size: int) -> memoryview:
+        """A copy of ``size`` bytes at ``offset`` within the region."""
+        data = memoryview(bytearray(size))
+        self.read_into(offset, data)
+        return data
 
     def write(self, offset: int, data: memoryview) -> None:
-        start = self._start + offset
-        self._mapping()[start : start + data.nbytes] = data
+        """Copy ``data`` (bytes) to ``offset`` within the region; refused when the object no longer holds that much,
+        since a write past its end grows it back, which is the client's to decide (one shrinking it during the write
+        gets it grown back: never a fault)."""
+        fd = self._descriptor()
+        self.check(offset, data.nbytes)
+        start = self.offset + offset
+        done = os.pwrite(fd, data, start)
+        while done < data.nbytes:
+            done += os.pwrite(fd, data[done:], start + done)
+
+    def check(self, offset: int, size: int) -> None:
+        """Raise ``InvalidInput`` unless the object still holds ``size`` bytes at ``offset`` within the region: before
+        another process (a model server that maps the object) reads or writes them."""
+        if os.fstat(self._descriptor()).st_size < self.offset + offset + size:
+            raise self._shrunk(offset, size)
 
     def close(self) -> None:
-        mapping, self._map = self._map, None
-        if mapping is None:
-            return
-        try:
-            mapping.close()
-        except BufferError:  # a request still reads it: the mapping goes when its last array does
-            log.debug("shared memory region '%s' is unmapped once the requests using it finish", self.name)
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
-    def _mapping(self) -> mmap.mmap:
-        if self._map is None:
+    def _descriptor(self) -> int:
+        if self._fd is None:
             raise InvalidInput(f"shared memory region '{self.name}' was unregistered while the request used it")
-        return self._map
+        return self._fd
+
+    def _shrunk(self, offset: int, size: int) -> InvalidInput:
+        end = self.offset + offset + size
+        try:
+            now = f"{os.fstat(self._descriptor()).st_size} bytes"
+        except OSError:
+            now = "fewer"
+        return InvalidInput(
+            f"shared memory region '{self.name}': its shm object {self.key!r} has {now} now, the request needs "
+            f"bytes up to {end} (offset {self.offset + offset} + {size}): it was shrunk after the region was "
+            "registered"
+        )
 
 
 class SharedMemoryRegions:
@@ -151,11 +188,11 @@ class SharedMemoryRegions:
         mapped = sum(region.byte_size for region in self._regions.values())
         if mapped + byte_size > self._max_bytes:
             raise InvalidInput(
-                f"registering '{name}' ({byte_size} bytes) would map {mapped + byte_size} bytes in all, above the "
+                f"registering '{name}' ({byte_size} bytes) would register {mapped + byte_size} bytes in all, above the "
                 f"gateway's limit of {self._max_bytes} (SWITCHYARD_SHARED_MEMORY_MAX_BYTES)"
             )
-        mapping, start, object_size = self._map(name, key, offset, byte_size)
-        region = Region(name, key, offset, byte_size, tenant, mapping, start, object_size)
+        fd, object_size = self._open(name, key, offset, byte_size)
+        region = Region(name, key, offset, byte_size, tenant, fd, object_size)
         self._regions[tenant, name] = region  # before the mirror's await: a second register of the name is refused
         if self._mirror is not None:
             try:
@@ -179,7 +216,7 @@ class SharedMemoryRegions:
                 await self._drop(region)
 
     async def close(self) -> None:
-        """Unmap every region (the lifespan's shutdown), and unregister them from the mirror."""
+        """Close every region (the lifespan's shutdown), and unregister them from the mirror."""
         regions, self._regions = list(self._regions.values()), {}
         for region in regions:
             await self._drop(region)
@@ -189,9 +226,8 @@ class SharedMemoryRegions:
         if self._mirror is not None:
             await self._mirror.unregister(region)
 
-    def _map(self, name: str, key: str, offset: int, byte_size: int) -> tuple[mmap.mmap, int, int]:
-        """Map the window read-write from the page boundary at or below ``offset``: the mapping, where the window
-        starts in it, and the object's size."""
+    def _open(self, name: str, key: str, offset: int, byte_size: int) -> tuple[int, int]:
+        """A read-write descriptor of the object, once it holds the window, and the object's size."""
         if not _KEY.fullmatch(key) or key.lstrip("/") in (".", ".."):
             raise InvalidInput(
                 f"shared memory key {key[:80]!r} is not a shm object name: expected '/name' with no other '/', "
@@ -223,15 +259,10 @@ class SharedMemoryRegions:
                     f"shared memory region '{name}': shm object {key!r} has {info.st_size} bytes; offset {offset} "
                     f"+ byte_size {byte_size} runs past its end"
                 )
-            aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
-            length = offset - aligned + byte_size
-            try:
-                mapping = mmap.mmap(fd, length, flags=mmap.MAP_SHARED, offset=aligned)
-            except OSError as exc:
-                raise InvalidInput(f"shared memory region '{name}': cannot map {key!r}: {exc.strerror}") from None
-        finally:
-            os.close(fd)  # the mapping keeps its own descriptor
-        return mapping, offset - aligned, info.st_size
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, info.st_size
 
 
 def _check_name(name: str) -> None:

@@ -28,7 +28,7 @@ async def start_models(manager: VersionManager) -> None:
             continue
         record = records.get(name)
         if record is not None and record.unloaded:  # stays unloaded, as Triton keeps a model it was told to unload
-            manager.set_routing(name, record)
+            await _route_unloaded(manager, name, record, set(entry.available))
             continue
         # What the replicas keep loaded, when the record says; else what the version policy selects.
         recorded = set(record.loaded) & set(entry.available) if record is not None else set()
@@ -59,15 +59,21 @@ async def _warm(manager: VersionManager, model: str, version: int) -> None:
 
 
 async def _route(manager: VersionManager, model: str, record: RoutingRecord | None, versions: set[int]) -> None:
-    """The persisted routing when its stable version is still on disk; else the highest version that loaded
-    among those the policy selects (the policy's own choice when none did, e.g. Triton is still down)."""
+    """The persisted routing when its stable version is still on disk (``versions`` holds it then), less the other
+    versions it names that are not; else the highest version that loaded among those the policy selects (the
+    policy's own choice when none did, e.g. Triton is still down). A version missing from disk is never carried
+    into the routing: the repair is persisted, logged and in the audit log."""
     error = None
+    entry = manager.catalog.entry(model)
     if record is not None and record.stable in versions:
-        manager.set_routing(model, record)
+        repaired, dropped = _on_disk(record, set(entry.available))
+        if dropped:
+            error = f"the persisted routing names {dropped}, gone from the repository: dropped from it"
+            await _persist(manager, model, repaired, error)
+        manager.set_routing(model, repaired)
         return
     if record is not None:
         error = f"the persisted stable version {record.stable} is gone from the repository"
-    entry = manager.catalog.entry(model)
     ready = [v for v in entry.selected if manager.backend.state(model, v) is VersionState.READY]
     if not ready and manager.router.problem(model) is not None:
         return  # nothing it could route to serves, and the reason is known: reported, not routed
@@ -75,18 +81,59 @@ async def _route(manager: VersionManager, model: str, record: RoutingRecord | No
     if not candidates:
         return
     stable = max(candidates)
+    # The stable version the record named is not on disk (else it would route): it cannot be the one to roll
+    # back to. The record's own previous version can, while it is still there.
+    previous = record.previous if record is not None else None
     routed = RoutingRecord(
         stable=stable,
-        previous=record.stable if record is not None else None,
+        previous=previous if previous in entry.available and previous != stable else None,
         generation=record.generation + 1 if record is not None else 1,
         loaded=manager.loaded_now(model),
     )
+    if error:
+        error = f"{error}; serving version {stable}"
+    await _persist(manager, model, routed, error)
+    manager.set_routing(model, routed)
+
+
+async def _route_unloaded(manager: VersionManager, model: str, record: RoutingRecord, available: set[int]) -> None:
+    """An unloaded model's record, less the versions it names that are gone (its ``stable`` stays: the version the
+    audit log refers to, routed to by nothing until a load)."""
+    repaired, dropped = _on_disk(record, available)
+    if dropped:
+        await _persist(manager, model, repaired, f"the persisted routing names {dropped}, gone from the repository: "
+                                                 "dropped from it")
+    manager.set_routing(model, repaired)
+
+
+def _on_disk(record: RoutingRecord, available: set[int]) -> tuple[RoutingRecord, str]:
+    """``record`` without the versions besides ``stable`` that are not in ``available``, and those in words
+    ("previous version 99, canary version 7"; empty when it names none)."""
+    changes: dict[str, object] = {}
+    gone: list[str] = []
+    if record.previous is not None and record.previous not in available:
+        changes["previous"] = None
+        gone.append(f"previous version {record.previous}")
+    for kind, policy in (("canary", record.canary), ("shadow", record.shadow)):
+        if policy is not None and policy.version not in available:
+            changes[kind] = None
+            gone.append(f"{kind} version {policy.version}")
+    missing = [version for version in record.loaded if version not in available]
+    if missing:
+        changes["loaded"] = tuple(version for version in record.loaded if version in available)
+        gone.append(f"loaded version{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}")
+    if not changes:
+        return record, ""
+    return record.but(**changes), ", ".join(gone)
+
+
+async def _persist(manager: VersionManager, model: str, routed: RoutingRecord, error: str | None) -> None:
+    """Save the routing startup chose, and say why when it is not what the store held."""
     try:
         await manager.store.save_routing(model, routed)
     except StateError as exc:
         log.error("routing of model '%s' is not persisted: %s", model, exc)
-    manager.set_routing(model, routed)
     if error:
-        log.error("model '%s': %s; serving version %d", model, error, stable)
-    await manager.record(Event("startup", model, "ok", {"stable": stable}, error=error, actor=GATEWAY,
-                             generation=routed.generation))
+        log.error("model '%s': %s", model, error)
+    await manager.record(Event("startup", model, "ok", {"stable": routed.stable}, error=error, actor=GATEWAY,
+                               generation=routed.generation))

@@ -151,6 +151,12 @@ def test_decode_request_keeps_last_value_when_keys_duplicated() -> None:
     assert request.id == "second"
 
 
+def test_decode_request_names_each_output_once_in_first_order_when_outputs_repeat() -> None:
+    outputs = [{"name": "b"}, {"name": "a"}, *({"name": name} for name in ["b", "a"] * 500)]
+    request, _ = _decode(json.dumps({"inputs": [], "outputs": outputs}).encode())
+    assert request.outputs == ("b", "a")
+
+
 def test_decode_request_accepts_nesting_when_deep_but_within_json_limit() -> None:
     data = [[[[[[[[[[0.5]]]]]]]]]] * 4  # Triton reads nested data in order, however it is nested
     request, _ = _decode(_body(data=data))

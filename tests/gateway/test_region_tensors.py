@@ -17,7 +17,7 @@ from services.gateway.region_tensors import RegionSlice, TensorRegions, detach, 
 from services.gateway.rest.codec import decode_request as decode_rest
 from services.gateway.shared_memory import SharedMemoryRegions
 from services.gateway.types import InferInput, InferOutput, InferRequest, InferResponse
-from tests.shm_support import ShmObject, mappings, shm_object
+from tests.shm_support import ShmObject, descriptors, mappings, shm_object
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_region_input_answers_400_when_data_is_also_sent(registry: SharedMemoryR
         rest([tensor], tensor_regions(registry, "anonymous"))
 
 
-def test_region_input_is_a_read_only_view_when_decoded(shm: ShmObject, registry: SharedMemoryRegions) -> None:
+def test_region_input_is_a_read_only_copy_when_decoded(shm: ShmObject, registry: SharedMemoryRegions) -> None:
     shm.put(np.arange(4, dtype=np.float32), offset=32)
     tensor = {"name": "x", "datatype": "FP32", "shape": [1, 4],
               "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16, "shared_memory_offset": 32}}
@@ -76,7 +76,8 @@ def test_region_input_is_a_read_only_view_when_decoded(shm: ShmObject, registry:
     np.testing.assert_array_equal(decoded.data, [[0, 1, 2, 3]])
     assert not decoded.data.flags.writeable
     shm.put(np.full(4, 9, dtype=np.float32), offset=32)
-    np.testing.assert_array_equal(decoded.data, [[9, 9, 9, 9]])  # the client's memory, not a copy
+    np.testing.assert_array_equal(decoded.data, [[0, 1, 2, 3]])  # what was there at decode: the model reads that
+    assert mappings(shm.path) == 1  # the client's own: the gateway reads through a descriptor, never a mapping
 
 
 def test_region_input_decodes_serialized_strings_when_bytes_tensor(
@@ -130,10 +131,11 @@ async def test_region_output_answers_400_after_the_run_when_output_outgrows_its_
     assert bytes(shm.get(np.uint8, [6], 8)) == serialize(from_list([b"ab"]))
 
 
-async def test_region_views_keep_mapping_until_released_when_unregistered(
+async def test_region_descriptor_closes_when_unregistered_while_request_holds_its_copy(
     shm: ShmObject, registry: SharedMemoryRegions
 ) -> None:
-    alone = mappings(shm.path) - 1
+    alone = descriptors(shm.path) - 1
+    shm.put(np.arange(4, dtype=np.uint8))
     tensor = {"name": "x", "datatype": "UINT8", "shape": [4],
               "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 4}}
     request = rest([tensor], tensor_regions(registry, "anonymous"), outputs=[
@@ -143,12 +145,11 @@ async def test_region_views_keep_mapping_until_released_when_unregistered(
     assert shadow.inputs[0].region is None
     assert shadow.output_regions == {}
     await registry.unregister("anonymous", "r")
-    assert mappings(shm.path) == alone + 1  # the request's input still reads it
+    assert descriptors(shm.path) == alone
     with pytest.raises(InvalidInput, match="shared memory region 'r' was unregistered while the request used it"):
         place_outputs(request, [InferOutput("y", "UINT8", np.zeros(4, dtype=np.uint8))])
-    del request, tensor
-    assert mappings(shm.path) == alone
-    np.testing.assert_array_equal(shadow.inputs[0].data, np.zeros(4, dtype=np.uint8))
+    np.testing.assert_array_equal(request.inputs[0].data, np.arange(4, dtype=np.uint8))
+    np.testing.assert_array_equal(shadow.inputs[0].data, np.arange(4, dtype=np.uint8))
 
 
 async def test_region_registry_refuses_names_when_unprintable_or_too_long(shm: ShmObject) -> None:

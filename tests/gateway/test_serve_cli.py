@@ -47,3 +47,34 @@ def test_serve_exits_with_message_when_keys_file_missing(tmp_path: Path, monkeyp
     assert result.exit_code == 2
     assert result.output.startswith("error: ")
     assert "keys.txt" in result.output
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["[" * 3000 + "]" * 3000, '{"format": 1, "models": {"m": {"stable": %s}}}' % ("[" * 1000 + "]" * 1000),
+     '{"format": 1, "models": {"m": {"stable": %s}}}' % ("9" * 5000)],
+    ids=["3000-brackets", "1000-levels-in-a-record", "5000-digits"],
+)  # fmt: skip
+def test_serve_exits_with_message_when_state_file_is_nested_or_huge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str
+) -> None:
+    state = tmp_path / "state" / "routing.json"
+    state.parent.mkdir()
+    state.write_text(content)
+    monkeypatch.setenv("SWITCHYARD_STATE_PATH", str(state))
+    (tmp_path / "repository").mkdir()
+    result = CliRunner().invoke(app, ["serve", "--repository", str(tmp_path / "repository")])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: the state file {state} "), result.output
+    assert result.output.rstrip().endswith("fix or remove the file"), result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("name", ["MAX_HEADER_BYTES", "MAX_HEADER_LINE_BYTES", "MAX_HEADER_COUNT"])
+def test_serve_exits_with_message_when_a_head_limit_is_not_positive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.setenv(f"SWITCHYARD_{name}", "0")
+    result = CliRunner().invoke(app, ["serve", "--repository", str(tmp_path)])
+    assert result.exit_code == 2
+    assert f"SWITCHYARD_{name} must be at least 1, got 0" in result.output

@@ -229,6 +229,17 @@ async def test_save_routing_removes_temp_file_when_replace_fails(path: Path, sto
         pytest.param('{"format": 1, "models": []}', "'models'", id="models-array"),
         pytest.param('{"format": 1, "models": {"m": {"stable": -1}}}', "model 'm': 'stable'", id="bad-record"),
         pytest.param('{"format": 1, "models": {"m": {"stable": 1, "generation": 0}}}', "'generation'", id="gen-0"),
+        # issue #28: each of these was a raw traceback at startup
+        pytest.param("[" * 3000 + "]" * 3000, "not valid JSON", id="3000-brackets"),
+        pytest.param('{"format": 1, "models": {"m": {"stable": %s}}}' % ("[" * 1000 + "]" * 1000), "levels deep",
+                     id="1000-levels-in-a-record"),
+        pytest.param('{"format": 1, "models": {"m": {"stable": %s}}}' % ("9" * 5000), "not valid JSON",
+                     id="5000-digits"),
+        pytest.param('{"format": 1, "models": {"m": {"stable": 1, "generation": 1, "canary": {"version": 2, '
+                     '"weight": %s}}}}' % ("9" * 30), "'weight' must be a number from 0 to 100", id="30-digit-weight"),
+        pytest.param('{"format": 1, "models": {"m": {"stable": 1e400}}}', "not valid JSON", id="float-overflow"),
+        pytest.param('{"format": 1, "models": {"m": {"stable": 18446744073709551616}}}', "model 'm': 'stable'",
+                     id="past-64-bits"),
     ],
 )
 async def test_load_routing_raises_naming_file_when_file_is_corrupt(
@@ -301,6 +312,18 @@ async def test_events_skips_torn_line_when_last_append_was_cut(store: FileStateS
     after = _event("m", "rollback", to=1)
     await store.append_event(after)
     assert await store.events() == [*appended, after]
+
+
+@pytest.mark.parametrize("line", [b"[" * 3000 + b"]" * 3000, b'{"action": %s}' % (b"9" * 5000)],
+                         ids=["3000-brackets", "5000-digits"])
+async def test_events_skips_line_when_it_is_nested_or_huge(store: FileStateStore, line: bytes) -> None:
+    appended = [_event("m", "activate", to=n) for n in range(2)]
+    await store.append_event(appended[0])
+    with store.events_path.open("ab") as log:
+        log.write(line + b"\n")
+    await store.append_event(appended[1])
+
+    assert await store.events() == appended
 
 
 async def test_events_reads_rotated_log_when_current_log_is_short(path: Path) -> None:

@@ -82,6 +82,13 @@ def test_decode_request_raises_only_invalid_input_when_message_hostile(request_:
         decode_request(request_)
 
 
+def test_decode_request_names_each_output_once_in_first_order_when_outputs_repeat() -> None:
+    request = _infer_request()
+    for name in ["probabilities", "logits"] * 500:
+        request.outputs.add(name=name)
+    assert decode_request(request).outputs == ("probabilities", "logits")
+
+
 def test_decode_request_reads_tritonclient_parameters_when_integers() -> None:
     request = _with(_param("timeout", "int64_param", 1500), _with(_param("priority", "uint64_param", 2)))
     decoded = decode_request(request)

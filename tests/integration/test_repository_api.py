@@ -20,7 +20,16 @@ from tritonclient.utils import InferenceServerException
 from examples import models
 from services.gateway import Settings
 from services.gateway.testing import RunningGateway, running_gateway
-from tests.repository_clients import FLAVOURS, RepositoryClient, open_client, policy, states, status
+from tests.repository_clients import (
+    FLAVOURS,
+    HOSTILE_CONFIGS,
+    RepositoryClient,
+    assert_override_refused,
+    open_client,
+    policy,
+    states,
+    status,
+)
 from tests.repository_scenarios import all_ready, narrow_then_widen, unload_then_load_back
 
 TOKEN = "repository-api-token"
@@ -158,6 +167,16 @@ def test_repository_load_refuses_file_overrides_and_unknown_parameters_when_sent
     assert "file overrides" in str(refused.value.message())
     assert _post(gateway, "/v2/repository/models/mlp/unload", {"parameters": {"unload_dependents": "yes"}}
                  ).status_code == 400
+
+
+@pytest.mark.parametrize("config", HOSTILE_CONFIGS.values(), ids=HOSTILE_CONFIGS.keys())
+def test_repository_load_answers_400_when_the_config_override_is_nested_or_huge_over_both_protocols(
+    gateway: RunningGateway, config: str
+) -> None:
+    """The probe's config overrides (issue #28): a RecursionError or Python's integer-string limit were a 500."""
+    generation = _generation(gateway, "mlp")
+    assert_override_refused(gateway.http_url, gateway.grpc_url, TOKEN, config)
+    assert _generation(gateway, "mlp") == generation
 
 
 async def test_repository_load_and_unload_answer_not_found_when_the_model_is_unknown(client: RepositoryClient) -> None:

@@ -1,5 +1,5 @@
 """Registering, listing and unregistering system shared-memory regions with tritonclient (HTTP and gRPC), the CUDA
-calls' clear refusal, the limits, the tenants' separate namespaces, and the mappings released on unregister and on
+calls' clear refusal, the limits, the tenants' separate namespaces, and the descriptors closed on unregister and on
 shutdown."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 from examples import models
 from services.gateway import Settings
 from services.gateway.testing import RunningGateway, running_gateway
-from tests.shm_support import ShmObject, mappings, shm_object
+from tests.shm_support import ShmObject, descriptors, mappings, shm_object
 
 CUDA_REFUSAL = (
     "CUDA shared memory is not supported by this gateway; use system shared memory or send tensors in the request"
@@ -136,7 +136,7 @@ def test_shared_memory_register_answers_400_when_limits_reached(shm_gateway: Run
             with pytest.raises(InferenceServerException) as too_big:
                 client.register_system_shared_memory("too much", region.key, 8)
             assert too_big.value.message() == (
-                "registering 'too much' (8 bytes) would map 2056 bytes in all, above the gateway's limit of 2048 "
+                "registering 'too much' (8 bytes) would register 2056 bytes in all, above the gateway's limit of 2048 "
                 "(SWITCHYARD_SHARED_MEMORY_MAX_BYTES)"
             )
             client.unregister_system_shared_memory("big")
@@ -195,25 +195,27 @@ def test_shared_memory_tenants_see_only_their_regions_when_api_keys_on(repositor
             bob.close()
 
 
-def test_shared_memory_regions_unmap_when_unregistered_and_on_shutdown(repository: Path) -> None:
+def test_shared_memory_regions_close_when_unregistered_and_on_shutdown(repository: Path) -> None:
     features = models.mlp_inputs(2, seed=5).numpy()
     with shm_object(2 * 32 * 4 + 2 * 8 * 4) as region:
         region.put(features)
-        alone = mappings(region.path)  # the client's own mapping
+        alone = descriptors(region.path)  # the client's own descriptor
+        mapped = mappings(region.path)  # and mapping
         settings = Settings(repository=repository, port=0, grpc_port=0, shared_memory=True)
         with running_gateway(settings) as gateway, httpclient.InferenceServerClient(gateway.http_url) as client:
             client.register_system_shared_memory("in", region.key, 256)
             client.register_system_shared_memory("out", region.key, 64, offset=256)
-            assert mappings(region.path) == alone + 2
+            assert descriptors(region.path) == alone + 2
+            assert mappings(region.path) == mapped  # the gateway never maps a client's object
             tensor = httpclient.InferInput("features", [2, 32], "FP32")
             tensor.set_shared_memory("in", 256)
             wanted = httpclient.InferRequestedOutput("probabilities")
             wanted.set_shared_memory("out", 64)
             client.infer("mlp", [tensor], outputs=[wanted])
             client.unregister_system_shared_memory("out")
-            assert mappings(region.path) == alone + 1
-            client.infer("mlp", [tensor])  # the input region again: its tensors are views of the mapping
+            assert descriptors(region.path) == alone + 1
+            client.infer("mlp", [tensor])  # the input region again
             client.register_system_shared_memory("out", region.key, 64, offset=256)
-            assert mappings(region.path) == alone + 2
-        assert mappings(region.path) == alone
+            assert descriptors(region.path) == alone + 2
+        assert descriptors(region.path) == alone
         assert np.isfinite(region.get(np.float32, [2, 8], 256)).all()

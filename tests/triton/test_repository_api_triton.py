@@ -12,7 +12,7 @@ import pytest
 from examples import models
 from services.tritonlocal import LocalTriton, TritonInstall
 from tests.gateway_process import GatewayProcess, gateway_process
-from tests.repository_clients import open_client, states
+from tests.repository_clients import HOSTILE_CONFIGS, assert_override_refused, open_client, states
 from tests.repository_load import loads_under_load
 from tests.repository_scenarios import all_ready, narrow_then_widen, unload_then_load_back
 from tests.triton.support import local_triton
@@ -77,3 +77,15 @@ async def test_repository_loads_fail_no_request_when_32_clients_send(
     assert {a.version for a in run.answers} == {1, 2}
     assert run.during_loads() > 50
     assert triton.model_states("classifier") == {1: "READY", 2: "READY"}
+
+
+@pytest.mark.parametrize("config", HOSTILE_CONFIGS.values(), ids=HOSTILE_CONFIGS.keys())
+def test_repository_load_answers_400_when_the_config_override_is_nested_or_huge_over_both_protocols(
+    servers: tuple[LocalTriton, GatewayProcess], config: str
+) -> None:
+    """The probe's config overrides (issue #28) were a 500 / INTERNAL; Triton is never asked."""
+    triton, gateway = servers
+    assert_override_refused(gateway.http_url, gateway.grpc_url, TOKEN, config)
+    assert triton.model_states("mlp") == {1: "READY", 2: "READY"}
+    assert gateway.process is not None
+    assert gateway.process.poll() is None

@@ -14,6 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from services.gateway.testing import Reference, RunningGateway
 from services.tritonlocal import LocalTriton
+from tests.duplicate_outputs import TIMES, answered_names
 from tests.triton.support import MODELS, statistics
 from tests.tritonlocal.support import sample
 
@@ -120,3 +121,13 @@ async def test_triton_batches_requests_when_32_clients_call_the_gateway_at_once(
     assert inferences == 96
     assert executions < inferences, f"{executions} executions for {inferences} requests: Triton did not batch"
     print(f"Triton ran 96 requests in {executions} batches")
+
+
+@pytest.mark.parametrize("protocol", ["rest", "grpc"])
+def test_triton_backend_answers_each_output_once_when_request_names_it_many_times(
+    gateway: RunningGateway, protocol: str
+) -> None:
+    """Issue #28, finding 6: as Triton itself answers."""
+    urls = (gateway.http_url, gateway.grpc_url)
+    assert answered_names(protocol, *urls, ["probabilities"] * TIMES) == ["probabilities"]
+    assert answered_names(protocol, *urls, ["logits", "probabilities", "logits"]) == ["logits", "probabilities"]

@@ -157,3 +157,23 @@ def test_triton_shared_memory_registers_again_when_triton_lost_the_region(
         assert triton_regions(triton, region.key) == [remote]
         assert result.as_numpy("logits").shape == (ROWS, 8)
     assert triton_regions(triton, region.key) == []  # the gateway's shutdown unregistered it in Triton too
+
+
+def test_triton_shared_memory_answers_each_output_once_when_named_three_times_into_a_region(
+    shm_gateway: RunningGateway, region: ShmObject
+) -> None:
+    """Issue #28, finding 6, where the request Triton gets names the outputs itself (``forwarded``): once each."""
+    region.put(sample("mlp", rows=ROWS, seed=32)["features"])
+    with httpclient.InferenceServerClient(shm_gateway.http_url) as client:
+        client.register_system_shared_memory("features", region.key, FEATURES)
+        client.register_system_shared_memory("scores", region.key, 2 * SCORES, offset=FEATURES)
+        try:
+            tensor = httpclient.InferInput("features", [ROWS, 32], "FP32")
+            tensor.set_shared_memory("features", FEATURES)
+            outputs = [httpclient.InferRequestedOutput("probabilities") for _ in range(3)]
+            for output in outputs:
+                output.set_shared_memory("scores", SCORES, offset=SCORES)
+            result = client.infer("mlp", [tensor], model_version="2", outputs=outputs)
+        finally:
+            client.unregister_system_shared_memory()
+    assert [output["name"] for output in result.get_response()["outputs"]] == ["probabilities"]

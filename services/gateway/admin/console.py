@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from services.gateway.admin.auth import AdminAuth
 from services.gateway.admin.live import LiveFigures
+from services.gateway.admin.query import whole_number
 from services.gateway.errors import Conflict, GatewayError, InvalidInput, ModelNotFound, Unauthorized
 from services.gateway.manager import VersionManager
 from services.gateway.rest.responses import JSONBytesResponse
@@ -97,8 +98,8 @@ class Console:
         async def figures() -> dict[str, Any]:
             model = str(request.path_params["model_name"])
             self._manager.catalog.entry(model)
-            minutes = _bounded(request.query_params.get("minutes"), "minutes", 5, MAX_MINUTES)
-            step_s = _bounded(request.query_params.get("step"), "step", 2, MAX_STEP_S)
+            minutes = whole_number(request.query_params.get("minutes"), "minutes", default=5, most=MAX_MINUTES)
+            step_s = whole_number(request.query_params.get("step"), "step", default=2, most=MAX_STEP_S)
             return self._figures(model, minutes, step_s)
 
         return await _answer(self._auth, request, figures)
@@ -162,14 +163,6 @@ async def _answer(auth: AdminAuth, request: Request, action: Callable[[], Awaita
 def _version(raw: str) -> int:
     if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
         raise InvalidInput(f"a version is a non-negative integer, got {raw!r}")
-    return int(raw)
-
-
-def _bounded(raw: str | None, name: str, default: int, most: int) -> int:
-    if raw is None:
-        return default
-    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= most:
-        raise InvalidInput(f"{name} must be an integer from 1 to {most}, got {raw!r}")
     return int(raw)
 
 

@@ -7,12 +7,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from services.gateway.admin.auth import AdminAuth
+from services.gateway.admin.query import whole_number
 from services.gateway.admin.views import model_status, overview
+from services.gateway.client_json import client_json
 from services.gateway.errors import GatewayError, InvalidInput, SwapFailed, Unauthorized
 from services.gateway.loading import load_version, unload_version
 from services.gateway.manager import VersionManager
@@ -99,7 +100,7 @@ class AdminEndpoints:
         async def act(actor: str) -> Any:
             model = _model(request)
             self._manager.catalog.entry(model)
-            limit = _limit(request.query_params.get("limit"))
+            limit = whole_number(request.query_params.get("limit"), "limit", default=100, most=MAX_EVENTS)
             return {"events": [event.to_json() for event in await self._manager.store.events(model, limit)]}
 
         return await self._answer(request, act)
@@ -150,10 +151,7 @@ class AdminEndpoints:
         """The optional JSON body: an object with only the allowed keys, each of its type."""
         if not body.strip():
             return {}
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+        data = client_json(body, "the request body")
         if not isinstance(data, dict):
             raise InvalidInput("the request body must be a JSON object")
         names = ", ".join(allowed) or "none"
@@ -173,10 +171,7 @@ class AdminEndpoints:
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        data = orjson.loads(body or b"null")
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+    data = client_json(body or b"null", "the request body")
     if not isinstance(data, dict):
         raise InvalidInput("the request body must be a JSON object")
     return data
@@ -204,12 +199,4 @@ def _version(request: Request) -> int:
     raw = str(request.path_params["model_version"])
     if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
         raise InvalidInput(f"a version is a non-negative integer, got {raw!r}")
-    return int(raw)
-
-
-def _limit(raw: str | None) -> int:
-    if raw is None:
-        return 100
-    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_EVENTS:
-        raise InvalidInput(f"limit must be an integer from 1 to {MAX_EVENTS}, got {raw!r}")
     return int(raw)

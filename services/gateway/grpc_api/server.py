@@ -53,19 +53,25 @@ async def start_server(
     *,
     repository: RepositoryApi,
     max_message_bytes: int,
+    max_metadata_bytes: int,
     connection_idle_s: float | None = None,
     handshake_timeout_s: float | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a ``grpc.aio`` server on the running loop (the same one uvicorn serves HTTP on).
 
-    ``connection_idle_s``: a connection without calls for this long gets GOAWAY and closes; ``handshake_timeout_s``:
-    a connection that has not completed the HTTP/2 handshake by then is closed (a silent socket). None: gRPC's
-    defaults (never, and 120 s)."""
+    ``max_metadata_bytes``: a call whose metadata (HTTP/2 headers) exceed it is refused by gRPC itself while they
+    are read (the HTTP listener's ``max_header_bytes``). ``connection_idle_s``: a connection without calls for this
+    long gets GOAWAY and closes; ``handshake_timeout_s``: a connection that has not completed the HTTP/2 handshake by
+    then is closed (a silent socket). None: gRPC's defaults (never, and 120 s)."""
     options: list[tuple[str, int]] = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),
         ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+        # Both limits: gRPC refuses a random share of the calls between its soft and hard one; equal, it refuses
+        # every call above them and none below.
+        ("grpc.max_metadata_size", max_metadata_bytes),
+        ("grpc.absolute_max_metadata_size", max_metadata_bytes),
         *PING_POLICY,
     ]
     # No grpc.max_connection_age_ms (nor its grace): every method is unary, so a busy connection holds nothing

@@ -4,12 +4,13 @@ has, so that a config fetched with ``get_model_config`` and given a new policy l
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import orjson
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from services.gateway.client_json import MAX_DEPTH, too_deep
 from services.gateway.errors import InvalidInput
 from services.modelrepo import layout
 
@@ -48,11 +49,13 @@ def apply_override(model: str, text: str, disk: mc.ModelConfig, served: mc.Model
 def parse(text: str) -> mc.ModelConfig:
     config = mc.ModelConfig()
     try:
-        fields = json.loads(text)
+        fields = orjson.loads(text)
         if not isinstance(fields, dict):
             raise json_format.ParseError(f"expected a JSON object, got {type(fields).__name__}")
+        if too_deep(fields):  # before ParseDict, which recurses once per level
+            raise json_format.ParseError(f"it nests lists and objects more than {MAX_DEPTH} levels deep")
         json_format.ParseDict(fields, config)
-    except (ValueError, json_format.ParseError) as exc:  # json's JSONDecodeError is a ValueError
+    except (ValueError, json_format.ParseError) as exc:  # orjson's JSONDecodeError is a ValueError
         raise InvalidInput(f"the 'config' parameter is not a ModelConfig in JSON: {exc}") from None
     return config
 

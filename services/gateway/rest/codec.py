@@ -242,7 +242,9 @@ def _decode_outputs(
         target = regions.output(name, params)
         if target is not None:
             targets[name] = target
-    return tuple(names), OutputFormat(binary_default, binary), targets
+    # An output named twice is answered once, as Triton does (its parameters are the last entry's, as with
+    # duplicate JSON keys): an answer never holds more outputs than the model has.
+    return tuple(dict.fromkeys(names)), OutputFormat(binary_default, binary), targets
 
 
 def _flag(params: dict[str, Any], key: str, where: str) -> bool:

@@ -1,5 +1,6 @@
-"""uvicorn's httptools protocol with connection deadlines and a connection cap: a client that sends nothing, or
-sends its request slowly, or opens connections without end, cannot hold the gateway's file descriptors."""
+"""uvicorn's httptools protocol with connection deadlines, a connection cap and limits on the request head: a client
+that sends nothing, or sends its request slowly, or opens connections without end, or sends headers without end,
+cannot hold the gateway's file descriptors or memory."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import asyncio
 import enum
 import logging
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, NoReturn, cast
 
+import httptools
 import orjson
 from starlette.types import Scope
 from uvicorn.config import Config
@@ -40,12 +42,24 @@ class ConnectionLimits:
     """From complete headers to the end of the body."""
     max_connections: int
     """Open HTTP connections at most; a connection beyond it is answered 503 and closed at once."""
+    max_header_bytes: int
+    """A request head (request line and headers) larger than this is answered 431 and its connection closed."""
+    max_header_line_bytes: int
+    """The longest request line (its URL) or header line (name and value)."""
+    max_header_count: int
+    """Header lines a request may have."""
 
     def __post_init__(self) -> None:
         if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
             raise ValueError("header_timeout_s and body_timeout_s must be positive")
         if self.max_connections < 1:
             raise ValueError("max_connections must be at least 1")
+        if min(self.max_header_bytes, self.max_header_line_bytes, self.max_header_count) < 1:
+            raise ValueError("max_header_bytes, max_header_line_bytes and max_header_count must be at least 1")
+
+
+class HeadTooLarge(Exception):
+    """Raised from a parser callback to stop httptools at once (it raises ``HttpParserCallbackError`` then)."""
 
 
 def raw_response(status: bytes, message: str) -> bytes:
@@ -63,6 +77,10 @@ def protocol_class(limits: ConnectionLimits, lane: InferLane | None = None) -> t
     header = f"request headers not complete within header_timeout_s={limits.header_timeout_s:g}s"
     body = f"request body not complete within body_timeout_s={limits.body_timeout_s:g}s"
     refused = f"the gateway holds max_connections={limits.max_connections} connections"
+    too_large = b"431 Request Header Fields Too Large"
+    head = f"the request head exceeds max_header_bytes={limits.max_header_bytes} (request line and headers)"
+    line = f"a request line or header line exceeds max_header_line_bytes={limits.max_header_line_bytes}"
+    count = f"the request has more than max_header_count={limits.max_header_count} headers"
 
     class BoundDeadlineProtocol(DeadlineProtocol):
         pass
@@ -72,6 +90,12 @@ def protocol_class(limits: ConnectionLimits, lane: InferLane | None = None) -> t
     BoundDeadlineProtocol.header_timeout_response = raw_response(b"408 Request Timeout", header)
     BoundDeadlineProtocol.body_timeout_response = raw_response(b"408 Request Timeout", body)
     BoundDeadlineProtocol.refusal = raw_response(b"503 Service Unavailable", refused)
+    BoundDeadlineProtocol.head_too_large = raw_response(too_large, head)
+    BoundDeadlineProtocol.line_too_long = raw_response(too_large, line)
+    BoundDeadlineProtocol.too_many_headers = raw_response(too_large, count)
+    BoundDeadlineProtocol.max_head = limits.max_header_bytes
+    BoundDeadlineProtocol.max_line = limits.max_header_line_bytes
+    BoundDeadlineProtocol.max_count = limits.max_header_count
     return BoundDeadlineProtocol
 
 
@@ -79,13 +103,26 @@ class DeadlineProtocol(HttpToolsProtocol):
     """At most one deadline timer per connection, armed only when the phase changes across ``data_received``: a
     request that arrives in one read costs no timer at all. The keep-alive timer is one per connection too, armed
     when the connection first goes idle and left armed while it is used (uvicorn arms a fresh one after every answer
-    and cancels it on the next request's bytes: two timer operations per request)."""
+    and cancels it on the next request's bytes: two timer operations per request).
+
+    The request head is measured while it arrives, so that a head over the limits is refused (431, connection
+    closed) before it is held whole: the parser's callbacks count the URL and each complete header line (O(1) each),
+    and the bytes of every read that leaves the head still incomplete are counted too, since httptools holds a line
+    in progress until it ends. Each count is a lower bound of the head's size: neither refuses a head within the
+    limits, and a connection holds at most one read beyond ``max_header_bytes``."""
 
     limits: ClassVar[ConnectionLimits]
     lane: ClassVar[InferLane | None] = None
     header_timeout_response: ClassVar[bytes]
     body_timeout_response: ClassVar[bytes]
     refusal: ClassVar[bytes]
+    head_too_large: ClassVar[bytes]
+    line_too_long: ClassVar[bytes]
+    too_many_headers: ClassVar[bytes]
+    # The limits again, as plain class attributes: the header callback reads them once per header line.
+    max_head: ClassVar[int]
+    max_line: ClassVar[int]
+    max_count: ClassVar[int]
 
     def __init__(
         self,
@@ -102,6 +139,14 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._idle_since: float | None = None
         """Loop time since which the connection has waited for a next request (``None``: reading or serving one)."""
         self._keep_alive: asyncio.TimerHandle | None = None
+        self._head_bytes = 0
+        """Bytes of the current head the parser handed over: URL fragments and complete header lines."""
+        self._head_lines = 0
+        self._fed = -1
+        """Bytes of the reads that arrived while the current head was incomplete, from the read after the one it
+        began in (-1: it began in the read being parsed, whose bytes may belong to the request before)."""
+        self._refusal: bytes | None = None
+        """The 431 a parser callback chose; ``data_received`` sends it."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.limits.max_connections:
@@ -124,16 +169,39 @@ class DeadlineProtocol(HttpToolsProtocol):
         before = self._phase
         self._silent = False
         self._idle_since = None  # not idle while the bytes are read: the keep-alive timer leaves the connection be
-        super().data_received(data)
+        # uvicorn's steps, in this frame: a head over the limits stops the parser from a callback, and is answered
+        # 431 rather than logged as an invalid request. (uvicorn's own keep-alive timer, which its step would
+        # cancel here, is never armed: ``on_response_complete``.)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self._refusal is not None:
+                self._refuse(self._refusal)
+            else:
+                self.logger.warning("Invalid HTTP request received.")
+                self.send_400_response("Invalid HTTP request received.")
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
         phase = self._phase
         if phase is Phase.OTHER and (self.cycle is None or self.cycle.response_complete):
             if before is Phase.OTHER:
                 # Bytes that begin no request (stray CRLFs) end the idle wait: without a deadline a client could
                 # hold the connection by sending one every keep-alive period.
                 phase = self._phase = Phase.HEAD
+                self._fed = 0
             elif not self.transport.is_closing():
                 # The app answered before the body ended: idle again from the body's tail.
                 self._rest()
+        elif phase is Phase.HEAD:  # the head is still incomplete after this read
+            fed = self._fed
+            fed = self._fed = fed + len(data) if fed >= 0 else 0
+            if fed > self.max_head and not self.transport.is_closing():
+                self._refuse(self.head_too_large)
+                return
         self._watch(phase)
 
     def on_response_complete(self) -> None:
@@ -170,6 +238,49 @@ class DeadlineProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._phase = Phase.HEAD
+        self._head_bytes = self._head_lines = 0
+        self._fed = -1
+
+    def on_url(self, url: bytes) -> None:
+        """uvicorn's step (the URL may come in fragments), with the URL counted against the limits."""
+        self.url += url
+        head = self._head_bytes = self._head_bytes + len(url)
+        if len(self.url) > self.max_line or head > self.max_head:
+            self._over_limit(len(self.url), head)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """uvicorn's steps, after counting the line against the limits: inlined rather than through ``super()``,
+        since this runs for every header of every request."""
+        size = len(name) + len(value)
+        head = self._head_bytes = self._head_bytes + size + 4  # ": " and CRLF
+        lines = self._head_lines = self._head_lines + 1
+        if size > self.max_line or head > self.max_head or lines > self.max_count:
+            self._over_limit(size, head)
+        name = name.lower()
+        # llhttp keeps trailing whitespace, which RFC 9110 section 5.5 excludes from the value.
+        value = value.rstrip(b" \t")
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
+
+    def _over_limit(self, line: int, head: int) -> NoReturn:
+        """Stop the parser (this runs in one of its callbacks); ``data_received`` answers the first limit passed."""
+        if line > self.max_line:
+            self._refusal = self.line_too_long
+        else:
+            self._refusal = self.head_too_large if head > self.max_head else self.too_many_headers
+        raise HeadTooLarge
+
+    def _refuse(self, response: bytes) -> None:
+        """Answer a head over the limits and close the connection; the answer is left out while an earlier request
+        on the connection is still being answered (it must not be cut into)."""
+        log.debug("closing %s: %s", self.client, response.partition(b"\r\n")[0].decode())
+        cycle = self.cycle
+        if (cycle is None or cycle.response_complete) and not self.pipeline:
+            self.transport.write(response)
+        elif cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+        self.transport.close()
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()

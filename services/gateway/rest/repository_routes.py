@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from services.gateway.client_json import client_json
 from services.gateway.errors import GatewayError, InvalidInput
 from services.gateway.repository_api import RepositoryApi
 from services.gateway.rest.body import check_length, read_body
@@ -70,10 +70,7 @@ class RepositoryEndpoints:
         raw = await read_body(request.receive, self._max_body)
         if not raw.strip():
             return {}
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+        body = client_json(raw, "the request body")
         if not isinstance(body, dict):
             raise InvalidInput("the request body must be a JSON object")
         for key in sorted(set(body) - allowed):

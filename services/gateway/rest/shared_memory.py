@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from services.gateway.client_json import client_json
 from services.gateway.dataplane import DataPlane
 from services.gateway.errors import InvalidInput
 from services.gateway.rest.app import Handler
@@ -77,10 +77,7 @@ def shared_memory_routes(endpoints: SharedMemoryEndpoints) -> list[tuple[str, Ha
 
 def _register_body(body: bytes) -> tuple[str, int, int]:
     """``{"key": "/name", "offset": 0, "byte_size": 64}`` (offset optional, 0)."""
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"malformed JSON register body: {exc}") from None
+    parsed = client_json(body, "the register body")
     if not isinstance(parsed, dict):
         raise InvalidInput('register body must be a JSON object like {"key": "/name", "offset": 0, "byte_size": 64}')
     key = parsed.get("key")

@@ -81,8 +81,9 @@ def _read_log(log: Path, model: str | None, limit: int) -> list[Event]:
             if not isinstance(data, dict):
                 raise TypeError("not an object")
             event = Event.from_json(data)
-        except (ValueError, TypeError):
-            # A torn line from a crash mid-append; the rest of the log is still good.
+        except (ValueError, TypeError, RecursionError):
+            # A torn line from a crash mid-append (or a hand-edited one nested past Python's recursion limit); the
+            # rest of the log is still good. Python's json, not orjson: an event's detail may hold NaN.
             logger.warning("skipping unreadable line %d of the audit log %s", number + 1, log)
             continue
         if model is None or event.model == model:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from services.durable import fsync_folder, replace_file
 from services.gateway.state.event_log import EventLog
-from services.gateway.state.records import Event, RoutingRecord, StateError
+from services.gateway.state.records import Event, RoutingRecord, StateError, persisted_json
 from services.gateway.state.store import OnChange
 
 __all__ = ["FORMAT", "FileStateStore", "default_state_path"]
@@ -158,16 +158,14 @@ class FileStateStore:
 
     def _read_routing_file(self) -> dict[str, RoutingRecord]:
         try:
-            text = self.path.read_text(encoding="utf-8")
+            text = self.path.read_bytes()
         except FileNotFoundError:
             return {}
         except OSError as exc:
             raise self._corrupt(f"cannot be read ({exc})") from exc
-        except UnicodeDecodeError as exc:
-            raise self._corrupt(f"is not valid JSON ({exc})") from exc
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
+            data = persisted_json(text)  # bytes that are not UTF-8 included
+        except ValueError as exc:
             raise self._corrupt(f"is not valid JSON ({exc})") from exc
         if not isinstance(data, dict):
             raise self._corrupt(f"holds a JSON {type(data).__name__}, not an object")

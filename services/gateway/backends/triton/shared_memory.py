@@ -2,7 +2,12 @@
 objects of the regions clients register with the gateway are registered in Triton too, whole and under names unique
 to this gateway process (replicas share one Triton), and forwarded requests name them instead of carrying the
 tensors. Registrations Triton lost (it restarted) are made again on first use. Without the setting the gateway copies
-tensors between the regions and its requests, and none of this runs."""
+tensors between the regions and its requests, and none of this runs.
+
+Triton maps the objects: one a client shrank after registering it would fault there (SIGBUS kills Triton, as it does
+when Triton's own clients do this). Every request that names a region is checked against its object's current size
+as it is built, and refused with a 400 naming the region; only a client shrinking its object in the moment between
+that check and Triton's copy still reaches Triton's mapping."""
 
 from __future__ import annotations
 
@@ -198,6 +203,7 @@ def forwarded_output(request: InferRequest, name: str, datatype: str, shape: tup
 def _name(parameters: Any, target: RegionSlice) -> None:
     region = target.region
     assert region.remote_name is not None
+    region.check(target.offset, target.byte_size)  # Triton's mapping must not reach past the object's end
     parameters[REGION].string_param = region.remote_name
     parameters[OFFSET].int64_param = region.offset + target.offset  # Triton maps the whole object
     parameters[BYTE_SIZE].int64_param = target.byte_size
