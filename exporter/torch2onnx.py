@@ -27,6 +27,7 @@ from exporter.control_flow import (
 from exporter.errors import DynamicBatchError, ExportError, UnsupportedOperatorError
 from exporter.isolation import fresh_torch_state
 from exporter.module_io import FlatModule, PreparedModel
+from exporter.onnx_translations import shared_translations
 
 DYNAMO = "torch.onnx.dynamo"
 TORCHSCRIPT_ONNX = "torch.onnx.torchscript"
@@ -167,18 +168,19 @@ def _export_dynamo(
         for axis, label in extra_axes.get(name, {}).items():
             spec[axis] = dims.setdefault(label, Dim(re.sub(r"\W", "_", label), min=1))
         per_input.append(spec)
-    program = torch.onnx.export(
-        prepared.flat.eval(),
-        examples,
-        None,
-        dynamo=True,
-        input_names=list(prepared.input_names),
-        output_names=list(prepared.output_names),
-        dynamic_shapes=(tuple(per_input),),
-        opset_version=opset,
-        optimize=True,
-        verbose=False,
-    )
+    with shared_translations():
+        program = torch.onnx.export(
+            prepared.flat.eval(),
+            examples,
+            None,
+            dynamo=True,
+            input_names=list(prepared.input_names),
+            output_names=list(prepared.output_names),
+            dynamic_shapes=(tuple(per_input),),
+            opset_version=opset,
+            optimize=True,
+            verbose=False,
+        )
     if program is None:  # pragma: no cover - dynamo always returns a program
         raise ExportError("torch.onnx.export returned no program")
     return program
