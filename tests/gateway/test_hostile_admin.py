@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from services.gateway.client_json import MAX_DEPTH, too_deep
+from services.gateway.shaping.json_limits import MAX_DEPTH, too_deep
 
 ADMIN = {"Authorization": "Bearer s3cret-admin-token"}
 DIGITS = "9" * 5000

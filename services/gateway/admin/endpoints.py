@@ -13,13 +13,13 @@ from starlette.responses import Response
 from services.gateway.admin.auth import AdminAuth
 from services.gateway.admin.query import whole_number
 from services.gateway.admin.views import model_status, overview
-from services.gateway.client_json import client_json
 from services.gateway.errors import GatewayError, InvalidInput, SwapFailed, Unauthorized
 from services.gateway.loading import load_version, unload_version
 from services.gateway.manager import VersionManager
 from services.gateway.policy import set_canary, set_shadow
 from services.gateway.rest.responses import JSONBytesResponse
 from services.gateway.settings import Settings
+from services.gateway.shaping.json_limits import client_json
 from services.gateway.state.policies import CanaryPolicy, ShadowPolicy
 from services.gateway.tuning.options import TuneOptions, TuneOptionsError
 from services.gateway.tuning.service import TuneService

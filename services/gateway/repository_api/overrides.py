@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from services.gateway.client_json import MAX_DEPTH, too_deep
 from services.gateway.errors import InvalidInput
+from services.gateway.shaping.json_limits import bounded_json
 from services.modelrepo import layout
 
 HONOURED = "version_policy"
@@ -49,11 +48,9 @@ def apply_override(model: str, text: str, disk: mc.ModelConfig, served: mc.Model
 def parse(text: str) -> mc.ModelConfig:
     config = mc.ModelConfig()
     try:
-        fields = orjson.loads(text)
+        fields = bounded_json(text)  # depth-limited before ParseDict, which recurses once per level
         if not isinstance(fields, dict):
             raise json_format.ParseError(f"expected a JSON object, got {type(fields).__name__}")
-        if too_deep(fields):  # before ParseDict, which recurses once per level
-            raise json_format.ParseError(f"it nests lists and objects more than {MAX_DEPTH} levels deep")
         json_format.ParseDict(fields, config)
     except (ValueError, json_format.ParseError) as exc:  # orjson's JSONDecodeError is a ValueError
         raise InvalidInput(f"the 'config' parameter is not a ModelConfig in JSON: {exc}") from None

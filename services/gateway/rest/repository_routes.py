@@ -11,11 +11,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from services.gateway.client_json import client_json
 from services.gateway.errors import GatewayError, InvalidInput
 from services.gateway.repository_api import RepositoryApi
 from services.gateway.rest.body import check_length, read_body
 from services.gateway.rest.responses import JSONBytesResponse, gateway_error_response
+from services.gateway.shaping.json_limits import client_json
 
 Handler = Callable[[Request], Awaitable[Response]]
 Json = dict[str, Any]

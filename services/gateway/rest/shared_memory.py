@@ -9,12 +9,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from services.gateway.client_json import client_json
 from services.gateway.dataplane import DataPlane
 from services.gateway.errors import InvalidInput
 from services.gateway.rest.app import Handler
 from services.gateway.rest.body import read_body
 from services.gateway.rest.responses import JSONBytesResponse
+from services.gateway.shaping.json_limits import client_json
 from services.gateway.shared_memory import CUDA_UNSUPPORTED, Region
 
 MAX_BODY_BYTES = 4096

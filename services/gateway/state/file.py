@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from services.durable import fsync_folder, replace_file
+from services.gateway.shaping.json_limits import bounded_json
 from services.gateway.state.event_log import EventLog
-from services.gateway.state.records import Event, RoutingRecord, StateError, persisted_json
+from services.gateway.state.records import Event, RoutingRecord, StateError
 from services.gateway.state.store import OnChange
 
 __all__ = ["FORMAT", "FileStateStore", "default_state_path"]
@@ -164,7 +165,7 @@ class FileStateStore:
         except OSError as exc:
             raise self._corrupt(f"cannot be read ({exc})") from exc
         try:
-            data = persisted_json(text)  # bytes that are not UTF-8 included
+            data = bounded_json(text)  # bytes that are not UTF-8 included
         except ValueError as exc:
             raise self._corrupt(f"is not valid JSON ({exc})") from exc
         if not isinstance(data, dict):

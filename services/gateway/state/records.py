@@ -6,24 +6,11 @@ import datetime as dt
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeGuard
 
-import orjson
-
-from services.gateway.client_json import MAX_DEPTH, too_deep
 from services.gateway.state.policies import CanaryPolicy, ShadowPolicy
 
 
 class StateError(Exception):
     """The persisted state cannot be read or written; the message names the file (or server) and the cause."""
-
-
-def persisted_json(text: str | bytes) -> Any:
-    """A routing file, record or audit event parsed; ``ValueError`` for anything that is not plain JSON within
-    ``MAX_DEPTH`` levels (orjson also refuses numbers past 64 bits, which Python's json would turn into a 4,300-digit
-    error or a float overflow later)."""
-    value = orjson.loads(text)  # its JSONDecodeError is a ValueError
-    if too_deep(value):
-        raise ValueError(f"it nests lists and objects more than {MAX_DEPTH} levels deep")
-    return value
 
 
 def now_iso() -> str:

@@ -15,7 +15,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from services.gateway.state.records import Event, RoutingRecord, StateError, persisted_json
+from services.gateway.shaping.json_limits import bounded_json
+from services.gateway.state.records import Event, RoutingRecord, StateError
 from services.gateway.state.store import OnChange, StateBusy
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class RedisStateStore:
         records = {}
         for model, text in raw.items():
             try:
-                records[model] = RoutingRecord.from_json(persisted_json(text))
+                records[model] = RoutingRecord.from_json(bounded_json(text))
             except ValueError as exc:
                 raise StateError(
                     f"the routing record of model '{model}' in {self._where} is not valid: {exc}; the gateway will "
@@ -129,7 +130,7 @@ class RedisStateStore:
                     model = str(message["data"])
                     text = await self._client.hget(self._routing, model)
                     if text:
-                        await told(model, RoutingRecord.from_json(persisted_json(text)))
+                        await told(model, RoutingRecord.from_json(bounded_json(text)))
             except (RedisError, OSError, ValueError) as exc:
                 log.debug("routing subscription lost (%s); retrying", exc)
                 await asyncio.sleep(POLL_S)

@@ -1,7 +1,7 @@
-"""JSON that clients send outside inference (admin, repository and shared-memory calls, config overrides) and that
-the state files hold: parsed by orjson, whose numbers stop at 64 bits and whose nesting stops at 1,024 levels, then
-held to ``MAX_DEPTH`` before anything walks, converts or quotes it (Python's ``repr`` of a list nested 1,000 levels
-deep raises ``RecursionError``, and so does protobuf's ``ParseDict`` of one)."""
+"""JSON that reaches the gateway outside inference (admin, repository and shared-memory bodies, config overrides,
+the routing state it reads back): parsed by orjson, whose numbers stop at 64 bits and whose nesting stops at 1,024
+levels, then held to ``MAX_DEPTH`` before anything walks, converts or quotes it (Python's ``repr`` of a list nested
+1,000 levels deep raises ``RecursionError``, and so does protobuf's ``ParseDict`` of one)."""
 
 from __future__ import annotations
 
@@ -34,12 +34,18 @@ def too_deep(value: object, limit: int = MAX_DEPTH) -> bool:
     return False
 
 
+def bounded_json(raw: bytes | str) -> Any:
+    """``raw`` parsed; ``ValueError`` (orjson's ``JSONDecodeError`` is one) for anything that is not plain JSON
+    within ``MAX_DEPTH`` levels."""
+    value = orjson.loads(raw)
+    if too_deep(value):
+        raise ValueError(f"it nests lists and objects more than {MAX_DEPTH} levels deep")
+    return value
+
+
 def client_json(raw: bytes | str, what: str) -> Any:
     """``raw`` parsed, or ``InvalidInput`` saying why not; ``what`` names it in the message ("the request body")."""
     try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        return bounded_json(raw)
+    except ValueError as exc:
         raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
-    if too_deep(value):
-        raise InvalidInput(f"{what} nests lists and objects more than {MAX_DEPTH} levels deep")
-    return value
