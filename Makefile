@@ -7,7 +7,7 @@ SY := $(BIN)/switchyard
 REPO ?= model_repository
 PACKAGES := exporter services examples loadtests
 
-.PHONY: install triton-install triton models zoo serve test lint typecheck pytest bench loadtest console-screens clean-models
+.PHONY: install triton-install triton models zoo serve test test-fast lint typecheck pytest docs docs-serve bench loadtest console-screens clean-models
 
 install: $(VENV)/.installed triton-install
 
@@ -45,10 +45,22 @@ lint: install
 typecheck: install
 	$(BIN)/mypy --strict $(PACKAGES)
 
+# Two workers (pytest-xdist); tests sharing a server stay on one worker (the groups in tests/conftest.py).
 pytest: install
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadgroup
 
-test: lint typecheck pytest
+# The edit loop: every test not marked slow (no server, browser, export, venv or timed run), in well under 2 minutes.
+test-fast: install
+	$(BIN)/pytest -m "not slow"
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or a page left out of the nav.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+test: lint typecheck docs pytest
 
 bench: install
 	@if [ -z "$$(ls -d $(REPO)/*/ 2>/dev/null)" ]; then $(MAKE) --no-print-directory models; fi

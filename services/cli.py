@@ -6,7 +6,7 @@ import typer
 
 from exporter import cli as exporter_cli
 from services.gateway import cli as gateway_cli
-from services.gateway import models_cli
+from services.ops import models_cli, tune_cli
 from services.tritonlocal import cli as triton_cli
 
 app = typer.Typer(
@@ -18,6 +18,7 @@ app = typer.Typer(
 )
 exporter_cli.register(app)
 gateway_cli.register(app)
+tune_cli.register(app)
 models_cli.register(app)
 triton_cli.register(app)
 

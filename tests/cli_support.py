@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typer.testing import CliRunner, Result
 
 from services.cli import app
-from services.gateway.testing import RunningGateway
+from tests.gateway_harness import RunningGateway
 
 TOKEN = "cli-test-admin-token-5f3a"
 NO_ENVIRONMENT: dict[str, str | None] = {"SWITCHYARD_ADMIN_URL": None, "SWITCHYARD_ADMIN_TOKEN": None}

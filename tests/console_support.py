@@ -30,7 +30,9 @@ from playwright.sync_api import (
     sync_playwright,
 )
 
+from tests.slow_work import slow_work
 from tests.swap_load import Answer, classifier_body
+from tests.waiting import wait_until
 
 TOKEN = "console-test-token"
 DESKTOP = {"width": 1280, "height": 800}
@@ -46,6 +48,7 @@ def origin(url: str) -> str:
 @contextmanager
 def chromium(executable: str | None = None) -> Iterator[Browser]:
     """One headless Debian chromium for a module (starting one costs about two seconds)."""
+    slow_work("starts a browser")
     path = executable or shutil.which("chromium")
     if path is None:
         raise RuntimeError("chromium is not installed: apt-get install --no-install-recommends chromium")
@@ -177,9 +180,7 @@ class BackgroundLoad:
 
     def __enter__(self) -> BackgroundLoad:
         self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self.answers and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: bool(self.answers), 30.0)  # the load runs
         return self
 
     def __exit__(

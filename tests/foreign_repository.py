@@ -18,10 +18,10 @@ import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper
 from tritonclient.grpc import model_config_pb2 as mc
 
-from services.gateway.datatypes import from_config
-from services.gateway.testing import RunningGateway, onnx_reference
+from services.gateway.tensors.datatypes import from_config
 from services.modelrepo.config import read_config, select_versions
 from services.modelrepo.layout import versions
+from tests.gateway_harness import RunningGateway, onnx_reference
 
 SERVED = ("addsub", "classifier", "mlp")
 

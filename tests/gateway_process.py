@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from services.tritonlocal import free_port
+from tests.slow_work import slow_work
 
 
 @dataclass
@@ -38,6 +39,7 @@ class GatewayProcess:
 
     def start(self, timeout_s: float = 120.0) -> None:
         """Start it and wait until ``/v2/health/ready`` answers 200 (same ports on every start)."""
+        slow_work("starts a gateway process")
         command = [*self.command, "--port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
         with self.log.open("ab") as output:
             self.process = subprocess.Popen(command, env=self.env, stdout=output, stderr=subprocess.STDOUT)

@@ -13,7 +13,7 @@ import httpx
 
 from services.gateway import Settings
 from services.gateway.backends.triton import ConfigTransform
-from services.gateway.testing import running_gateway
+from tests.gateway_harness import running_gateway
 
 ROOT = Path(__file__).resolve().parents[1]
 WATCHED = ("torch", "onnx", "onnxscript", "exporter", "services.tritonlocal", "matplotlib")

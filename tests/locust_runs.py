@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from tests.slow_work import slow_work
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCUSTFILE = ROOT / "loadtests" / "locustfile.py"
 
@@ -36,6 +38,7 @@ def run_locust(
     host: str, grpc_target: str, results: Path, options: list[str], *, seconds: int, users: int, token: str = ""
 ) -> LocustRun:
     """``options`` come after the common ones (host, users, run time, CSV and HTML reports under ``results``)."""
+    slow_work("runs locust")
     locust = Path(sys.executable).with_name("locust")
     command = [
         str(locust),

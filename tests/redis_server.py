@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from services.tritonlocal import free_port
+from tests.slow_work import slow_work
 from tests.system_tools import require_tool
 
 
@@ -32,6 +33,7 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        slow_work("starts redis-server")
         self.folder.mkdir(parents=True, exist_ok=True)
         command = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
                    "--save", "", "--appendonly", "yes", "--appendfsync", "always", "--protected-mode", "no"]

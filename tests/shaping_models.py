@@ -133,3 +133,9 @@ def _write_faulty(folder: Path) -> None:
     model.ir_version = 8
     onnx.save(model, folder / "1" / "model.onnx")
     (folder / "config.pbtxt").write_text(FAULTY_CONFIG)
+
+
+def faulty_repository(root: Path) -> Path:
+    """A repository holding ``faulty`` alone: a real ONNX model, no export needed."""
+    _write_faulty(root / "faulty")
+    return root

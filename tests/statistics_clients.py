@@ -14,7 +14,7 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 
-from services.gateway.types import Array
+from services.gateway.tensors.types import Array
 
 CLIENTS = ("http", "http_aio", "grpc", "grpc_aio")
 

@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 
 from examples import models
+from tests.waiting import wait_until_async
 
 TOKEN = "swap-test-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -130,7 +131,7 @@ async def switch_under_load(
                     run.answers.append(Answer(sent, time.time(), 0, None, repr(exc)))
 
         workers = [asyncio.create_task(client(i)) for i in range(clients)]
-        await asyncio.sleep(steady_s)
+        await asyncio.sleep(steady_s)  # steady load before the swaps, and after them (tail_s): part of the run
         run.swaps_started = time.time()
         for path, body in PLAN:
             response = await http.post(f"/admin/models/{model}/{path}", headers=ADMIN, json=body)
@@ -165,11 +166,11 @@ async def activate_under_light_load(
     """Activate ``version`` of the mlp while ``light_load`` runs; the admin answer and every request's status."""
     stop, answers = asyncio.Event(), []
     load = asyncio.create_task(light_load(http_url, stop, answers))
-    await asyncio.sleep(0.3)
+    assert await wait_until_async(lambda: len(answers) >= 4)  # the load runs
     async with httpx.AsyncClient(base_url=f"http://{http_url}", timeout=60.0) as http:
         headers = {"Authorization": f"Bearer {token}"}
         response = await http.post(f"/admin/models/{model}/versions/{version}/activate", headers=headers)
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # and goes on a while after the activation's answer: serving must go on too
     stop.set()
     await load
     return response, answers

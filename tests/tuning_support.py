@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +17,8 @@ from typer.testing import CliRunner, Result
 
 from services.cli import app
 from services.gateway import Settings
-from services.gateway.testing import RunningGateway, running_gateway
 from services.gateway.tuning.hosts import TRIAL_PREFIX
+from tests.gateway_harness import RunningGateway, running_gateway
 
 TOKEN = "tune-test-admin-token-8c1d"
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
@@ -82,15 +82,6 @@ def wait_finished(gateway: RunningGateway, model: str, timeout_s: float) -> dict
 def trial_threads() -> list[str]:
     """Threads of embedded trial versions still alive in this process (each version's pool names them)."""
     return [t.name for t in threading.enumerate() if t.name.startswith(TRIAL_PREFIX)]
-
-
-def wait_until(check: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 @dataclass

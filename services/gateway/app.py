@@ -17,12 +17,10 @@ from services.gateway.admin import AdminAuth, AdminEndpoints, add_admin_routes
 from services.gateway.admin.console import Console, add_console_routes
 from services.gateway.admin.live import LiveFigures
 from services.gateway.backends.base import Backend
-from services.gateway.backends.embedded import EmbeddedBackend
+from services.gateway.backends.embedded_settings import embedded_backend
 from services.gateway.backends.triton import ConfigTransform, TritonBackend, identity
 from services.gateway.dataplane import SERVER_VERSION, DataPlane
 from services.gateway.grpc_api import start_server
-from services.gateway.leases import Leases
-from services.gateway.manager import VersionManager
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.repository import Catalog, RepositoryError
 from services.gateway.repository_api import RepositoryApi, RepositoryAuth
@@ -32,14 +30,16 @@ from services.gateway.rest.lane import GatewayApp, InferLane
 from services.gateway.rest.openapi import install_openapi
 from services.gateway.rest.repository_routes import RepositoryEndpoints, add_repository_routes
 from services.gateway.rest.shared_memory import SharedMemoryEndpoints, shared_memory_routes
-from services.gateway.routing import Router
 from services.gateway.settings import Settings
-from services.gateway.shadow import ShadowRunner
 from services.gateway.shaping.shaper import Shaper
-from services.gateway.shared_memory import SharedMemoryRegions
 from services.gateway.state import FileStateStore, RedisStateStore, StateStore, default_state_path
-from services.gateway.traffic import TrafficWindows
+from services.gateway.tensors.shared_memory import SharedMemoryRegions
 from services.gateway.tuning.service import TuneService
+from services.gateway.versions.leases import Leases
+from services.gateway.versions.manager import VersionManager
+from services.gateway.versions.routing import Router
+from services.gateway.versions.shadow import ShadowRunner
+from services.gateway.versions.windows import TrafficWindows
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +56,7 @@ def build_backend(
     if settings.backend == "triton":
         transform = config_transform or identity
         return TritonBackend(catalog, settings, transform=transform, metrics=metrics)
-    return EmbeddedBackend(
-        catalog,
-        metrics=metrics,
-        intra_op_threads=settings.intra_op_threads,
-        spinning=settings.intra_op_spinning,
-        adaptive_delay=settings.batch_adaptive_delay,
-        max_queue=settings.embedded_max_queue,
-        inline_below_s=settings.inline_batch_us / 1e6,
-    )
+    return embedded_backend(catalog, settings, metrics=metrics, inline_batches=True)
 
 
 def state_path(settings: Settings) -> Path:

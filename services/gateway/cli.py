@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from services.gateway import tune_cli
 from services.gateway.app import BackendNotImplemented
 from services.gateway.backends.triton import ConfigTransform
 from services.gateway.repository import RepositoryError
@@ -20,7 +19,6 @@ from services.gateway.state import StateError
 
 def register(app: typer.Typer) -> None:
     app.command()(serve)
-    tune_cli.register(app)
 
 
 def serve(

@@ -11,25 +11,34 @@ import dataclasses
 import logging
 import time
 import uuid
+from dataclasses import dataclass
+from typing import Any
 
-from tritonclient.grpc import model_config_pb2
+from tritonclient.grpc import model_config_pb2, service_pb2
 
 from services.gateway.backends.base import Backend
-from services.gateway.errors import DeadlineExceeded, GatewayError, InferenceFailed, InvalidInput, ModelNotReady
-from services.gateway.leases import Leases
+from services.gateway.errors import (
+    DeadlineExceeded,
+    GatewayError,
+    InferenceFailed,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+)
 from services.gateway.metrics import OTHER, GatewayMetrics
-from services.gateway.region_tensors import check_room, detach, place_outputs
 from services.gateway.repository import Catalog
-from services.gateway.routing import Header, Router
-from services.gateway.shadow import ShadowRunner
 from services.gateway.shaping.keys import ANONYMOUS
 from services.gateway.shaping.shaper import Shaper
-from services.gateway.shared_memory import SharedMemoryRegions
-from services.gateway.statistics import Hops, StatisticsReport, gather
-from services.gateway.traffic import TrafficWindows
-from services.gateway.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
-from services.gateway.validation import validate
-from services.gateway.versions import parse_version
+from services.gateway.statistics import Hops
+from services.gateway.tensors.regions import check_room, detach, place_outputs
+from services.gateway.tensors.shared_memory import SharedMemoryRegions
+from services.gateway.tensors.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
+from services.gateway.tensors.validation import validate
+from services.gateway.versions.leases import Leases
+from services.gateway.versions.numbers import parse_version
+from services.gateway.versions.routing import Header, Router
+from services.gateway.versions.shadow import ShadowRunner
+from services.gateway.versions.windows import TrafficWindows
 
 log = logging.getLogger(__name__)
 SERVER_NAME = "switchyard"
@@ -110,7 +119,7 @@ class DataPlane:
 
     async def statistics(self, model: str, version: int | None) -> StatisticsReport:
         """The statistics extension: ``model`` empty for every model, ``version`` ``None`` for every ready one."""
-        return await gather(self.catalog, self.backend, self.hops, model, version)
+        return await gather_statistics(self.catalog, self.backend, self.hops, model, version)
 
     async def infer(self, request: InferRequest, *, protocol: str, header: Header | None = None) -> InferResponse:
         """``header`` reads the request's headers (gRPC: metadata), for a sticky canary split. The front end has
@@ -269,3 +278,35 @@ def _known_number(version: str) -> int | None:
         return parse_version(version)
     except InvalidInput:
         return None
+
+
+@dataclass(frozen=True)
+class StatisticsReport:
+    model_stats: list[service_pb2.ModelStatistics]
+    """The backend's figures in Triton's message: the embedded backend's own, or Triton's."""
+    gateway_stats: list[dict[str, Any]]
+    """The gateway's hop (``Hops.json``) of the same versions, in the same order."""
+
+
+async def gather_statistics(
+    catalog: Catalog, backend: Backend, hops: Hops, model: str, version: int | None
+) -> StatisticsReport:
+    """Every ready version of every model (``model`` empty: as in Triton), of ``model``, or one ``version`` of it;
+    404 for a model the repository does not have, or one with no ready version (Triton: 400, "not available")."""
+    loaded = backend.models()
+    hops.prune(loaded)
+    if model:
+        catalog.entry(model)
+        ready = sorted(v for v, state in loaded.get(model, {}).items() if state is VersionState.READY)
+        if version is not None and version not in ready:
+            listed = ", ".join(str(v) for v in ready) or "none"
+            raise ModelNotFound(f"model '{model}' has no version {version} ready (ready: {listed})")
+        if not ready:
+            raise ModelNotFound(f"model '{model}' has no ready version, so no statistics")
+    found = await backend.statistics(model or None, version if model else None)
+    return StatisticsReport(found, [hops.json(stats.name, _number(stats.version)) for stats in found])
+
+
+def _number(version: str) -> int:
+    """A version as the backend spelled it (Triton: decimal digits); 0, which no version is, for anything else."""
+    return int(version) if version.isascii() and version.isdigit() else 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import uuid
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -97,3 +99,28 @@ class SwapFailed(GatewayError):
     def __init__(self, message: str, step: str, status: int) -> None:
         super().__init__(message, status)
         self.step = step
+
+
+SHOWN = 40
+"""How much of a malformed value (a version string, a datatype) an error message repeats."""
+
+
+def shown(raw: str) -> str:
+    """``raw`` quoted for an error message: trimmed, and with every non-ASCII or control character escaped so that
+    look-alikes (``１`` for ``1``) show as what they are."""
+    if len(raw) <= SHOWN:
+        return ascii(raw)
+    return f"{ascii(raw[:SHOWN])}... ({len(raw)} characters)"
+
+
+_log = logging.getLogger("services.gateway")
+
+
+def unexpected(exc: BaseException, where: str) -> GatewayError:
+    """A bug's answer on any protocol: a 500 naming a request id, under which the cause is logged once with its
+    traceback. The client never sees the exception's text (it can hold paths, tensors, internals)."""
+    request_id = uuid.uuid4().hex[:16]
+    _log.error("request %s: unexpected error in %s", request_id, where, exc_info=exc)
+    error = GatewayError(f"internal server error (request id {request_id})", 500)
+    error.request_id = request_id
+    return error

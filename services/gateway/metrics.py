@@ -1,4 +1,5 @@
-"""Prometheus metrics (``switchyard_*``, names fixed by DESIGN.md), registered on a registry passed in."""
+"""Prometheus metrics (``switchyard_*``, names fixed by docs/architecture.md, "Metrics"), registered on a registry
+passed in."""
 
 from __future__ import annotations
 

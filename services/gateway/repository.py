@@ -9,9 +9,9 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
 
-from services.gateway.datatypes import from_config
 from services.gateway.errors import ModelNotFound
-from services.gateway.types import ModelMetadata, TensorSpec
+from services.gateway.tensors.datatypes import from_config
+from services.gateway.tensors.types import ModelMetadata, TensorSpec
 from services.modelrepo import layout
 from services.modelrepo.config import ConfigError, read_config, select_versions
 

@@ -21,7 +21,7 @@ FD_HEADROOM = 256
 
 
 def uvicorn_config(settings: Settings, app: ASGIApp, *, log_level: str | None = None) -> uvicorn.Config:
-    """How every gateway runs (``switchyard serve`` and ``services.gateway.testing``): the connection limits are
+    """How every gateway runs (``switchyard serve`` and ``tests.gateway_harness``): the connection limits are
     part of what is served and tested, not a production-only extra."""
     limits = ConnectionLimits(
         settings.header_timeout_s,

@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from tritonclient.grpc import service_pb2
 
-from services.gateway.backends.base import Backend
-from services.gateway.batch_policy import ExecutedBatch
-from services.gateway.errors import ModelNotFound
-from services.gateway.repository import Catalog
-from services.gateway.types import VersionState
+from services.gateway.batching.batcher import ExecutedBatch
+from services.gateway.tensors.types import VersionState
 
 
 def nanoseconds(seconds: float) -> int:
@@ -184,33 +180,3 @@ class Hops:
             "backend": {"count": count, "ns": hop.backend_ns},
             "hop": {"count": count, "ns": max(hop.success_ns - hop.backend_ns, 0)},
         }
-
-
-@dataclass(frozen=True)
-class StatisticsReport:
-    model_stats: list[service_pb2.ModelStatistics]
-    """The backend's figures in Triton's message: the embedded backend's own, or Triton's."""
-    gateway_stats: list[dict[str, Any]]
-    """The gateway's hop (``Hops.json``) of the same versions, in the same order."""
-
-
-async def gather(catalog: Catalog, backend: Backend, hops: Hops, model: str, version: int | None) -> StatisticsReport:
-    """Every ready version of every model (``model`` empty: as in Triton), of ``model``, or one ``version`` of it;
-    404 for a model the repository does not have, or one with no ready version (Triton: 400, "not available")."""
-    loaded = backend.models()
-    hops.prune(loaded)
-    if model:
-        catalog.entry(model)
-        ready = sorted(v for v, state in loaded.get(model, {}).items() if state is VersionState.READY)
-        if version is not None and version not in ready:
-            listed = ", ".join(str(v) for v in ready) or "none"
-            raise ModelNotFound(f"model '{model}' has no version {version} ready (ready: {listed})")
-        if not ready:
-            raise ModelNotFound(f"model '{model}' has no ready version, so no statistics")
-    found = await backend.statistics(model or None, version if model else None)
-    return StatisticsReport(found, [hops.json(stats.name, _number(stats.version)) for stats in found])
-
-
-def _number(version: str) -> int:
-    """A version as the backend spelled it (Triton: decimal digits); 0, which no version is, for anything else."""
-    return int(version) if version.isascii() and version.isdigit() else 0

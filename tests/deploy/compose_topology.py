@@ -20,6 +20,7 @@ from services.tritonlocal import LocalTriton, free_port
 from tests.deploy.deploy_tools import COMPOSE, PROMETHEUS_CONFIG, load_yaml, require_tool
 from tests.gateway_process import GatewayProcess, gateway_process
 from tests.redis_server import RedisServer, redis_server
+from tests.slow_work import slow_work
 from tests.tritonlocal.support import require_install
 
 SCRAPE_INTERVAL = "1s"
@@ -94,6 +95,7 @@ class PrometheusServer:
         return [self.binary, *flags, f"--web.listen-address=127.0.0.1:{self.port}"]
 
     def start(self) -> None:
+        slow_work("starts prometheus")
         self.folder.mkdir(parents=True, exist_ok=True)
         log = self.folder / "prometheus.log"
         with log.open("ab") as output:

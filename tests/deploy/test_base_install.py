@@ -19,16 +19,18 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from services.gateway.testing import onnx_reference
 from services.tritonlocal import free_port
 from tests.deploy.dockerfile import base_install_command
+from tests.gateway_harness import onnx_reference
 from tests.import_probe import ROOT
+from tests.slow_work import slow_work
 
 BUILD_TIME = {"torch", "onnx", "onnxscript", "onnxruntime-gpu", "matplotlib", "pytest"}
 
 
 @pytest.fixture(scope="module")
 def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    slow_work("makes a fresh venv")
     venv = tmp_path_factory.mktemp("base") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     # Build from a copy of the tracked sources: the checkout's own build/ and egg-info stay untouched.

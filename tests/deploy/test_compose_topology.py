@@ -16,11 +16,11 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from examples.export_examples import export_examples
 from tests.deploy.compose_topology import Topology, compose_topology
 from tests.deploy.deploy_tools import DASHBOARD
 from tests.deploy.promql import SUFFIXES, as_prometheus_sees_it, dashboard_expressions, metric_names
 from tests.locust_runs import run_locust
+from tests.shared_exports import copy_examples
 
 pytestmark = pytest.mark.slow
 
@@ -29,9 +29,9 @@ REQUESTS = 150
 
 
 @pytest.fixture(scope="module")
-def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
-    repository = tmp_path_factory.mktemp("compose_repository")
-    export_examples(repository)  # what the compose ``exporter`` service writes
+def topology(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
+    # What the compose ``exporter`` service writes (`make models`): the session's export, copied.
+    repository = copy_examples(example_repository, tmp_path_factory.mktemp("compose_repository"))
     with compose_topology(repository, tmp_path_factory.mktemp("compose")) as running:
         yield running
 
@@ -130,7 +130,7 @@ def test_locust_run_has_no_failures_when_mlp_is_activated_mid_run_through_the_co
     topology: Topology, tmp_path: Path
 ) -> None:
     _activate(topology, 1)
-    # The ops user activates version 2 at ~5 s and rolls back at ~10 s while HTTP and gRPC users infer.
+    # The ops user activates version 2 at ~3 s and rolls back at ~6 s while HTTP and gRPC users infer.
     run = run_locust(
         topology.gateway.http_url,
         topology.gateway.grpc_url,
@@ -138,13 +138,13 @@ def test_locust_run_has_no_failures_when_mlp_is_activated_mid_run_through_the_co
         [
             "--model=mlp",
             "--rows=2",
-            "--ops-interval=5",
+            "--ops-interval=3",
             "--ops-version=2",
             "--exit-code-on-error=1",
             "--slo-error-ratio=0",
             "--slo-p99-ms=infer-json=2000,infer-binary=2000,grpc-infer=2000",
         ],
-        seconds=15,
+        seconds=8,
         users=4,
         token=topology.token,
     )

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # exports models
+
 ROOT = Path(__file__).parents[2]
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,17 +18,20 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from examples.export_examples import EXAMPLES, export_examples
-from exporter import ExportResult
 from services.modelrepo.manifest import read_manifest, read_samples
+from tests.shared_exports import SharedExamples, copy_examples
+
+pytestmark = pytest.mark.slow  # the examples' export
 
 ROOT = Path(__file__).parents[2]
 FENCED = re.compile(r"```(\w*)\n(.*?)```", re.DOTALL)
 
 
 @pytest.fixture(scope="module")
-def examples_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[ExportResult]]:
-    repo = tmp_path_factory.mktemp("examples") / "model_repository"
-    return repo, export_examples(repo)
+def examples_repo(shared_example_export: SharedExamples) -> tuple[Path, list[tuple[str, int]]]:
+    """The session's export (``export_examples`` into an empty repository, then ``mlp_ts`` beside it) and what
+    ``export_examples`` returned: (name, version) of each version it wrote."""
+    return shared_example_export.repository, shared_example_export.written
 
 
 def readme_exports() -> list[tuple[str, str]]:
@@ -45,12 +47,12 @@ def readme_exports() -> list[tuple[str, str]]:
 
 
 def test_export_examples_writes_two_differing_faithful_versions_when_repository_is_empty(
-    examples_repo: tuple[Path, list[ExportResult]],
+    examples_repo: tuple[Path, list[tuple[str, int]]], tmp_path: Path
 ) -> None:
     repo, written = examples_repo
 
     expected = [("classifier", 1), ("classifier", 2), ("mlp", 1), ("mlp", 2)]
-    assert sorted((r.name, r.version) for r in written) == expected
+    assert sorted(written) == expected
     for example in EXAMPLES:
         config = text_format.Parse((repo / example.name / "config.pbtxt").read_text(), mc.ModelConfig())
         assert config.version_policy.WhichOneof("policy_choice") == "all"
@@ -72,14 +74,13 @@ def test_export_examples_writes_two_differing_faithful_versions_when_repository_
             answers.append(got[0])
         assert not np.allclose(answers[0], answers[1]), f"{example.name} v1 and v2 must answer differently"
 
-    assert export_examples(repo) == []
+    assert export_examples(copy_examples(repo, tmp_path / "model_repository")) == []  # the shared one stays as it is
 
 
-@pytest.mark.slow
 def test_readme_export_commands_succeed_when_run_after_the_examples_in_readme_order(
-    examples_repo: tuple[Path, list[ExportResult]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    examples_repo: tuple[Path, list[tuple[str, int]]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    shutil.copytree(examples_repo[0], tmp_path / "model_repository")  # what `make serve` left, as the README has it
+    copy_examples(examples_repo[0], tmp_path / "model_repository")  # what `make serve` left, as the README has it
     monkeypatch.chdir(tmp_path)
     commands = readme_exports()
     assert [kind for kind, _ in commands] == ["bash", "python"]

@@ -22,6 +22,7 @@ def parse_config(path: Path) -> mc.ModelConfig:
     return text_format.Parse(path.read_text(), mc.ModelConfig())
 
 
+@pytest.mark.slow  # exports models
 def test_export_writes_verified_onnx_version_when_classifier_exported(repo: Path) -> None:
     module = build_classifier()
     result = export(module, classifier_inputs(2), name="classifier", repository=repo,
@@ -62,6 +63,7 @@ def test_export_writes_verified_onnx_version_when_classifier_exported(repo: Path
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow  # exports models
 def test_export_manifest_records_hashes_toolchain_parity_and_samples_when_published(repo: Path) -> None:
     result = export(build_mlp(), {"features": mlp_inputs(3)}, name="mlp", repository=repo)
 
@@ -85,6 +87,7 @@ def test_export_manifest_records_hashes_toolchain_parity_and_samples_when_publis
     assert json.loads((result.model_dir / "manifest.json").read_text())["format_version"] == 1
 
 
+@pytest.mark.slow  # exports models
 def test_export_writes_torchscript_with_triton_names_when_format_is_torchscript(repo: Path) -> None:
     module = build_mlp()
     result = export(module, mlp_inputs(4), name="mlp_ts", repository=repo, format="torchscript")
@@ -105,6 +108,7 @@ def test_export_writes_torchscript_with_triton_names_when_format_is_torchscript(
     torch.testing.assert_close(probabilities, eager["probabilities"])
 
 
+@pytest.mark.slow  # exports models
 def test_export_numbers_versions_when_exported_repeatedly(repo: Path) -> None:
     first = export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"])
     second = export(build_mlp_v2(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"])
@@ -118,6 +122,7 @@ def test_export_numbers_versions_when_exported_repeatedly(repo: Path) -> None:
     assert not np.allclose(v1.run(None, x)[0], v2.run(None, x)[0])
 
 
+@pytest.mark.slow  # exports models
 def test_export_refuses_existing_version_when_version_given(repo: Path) -> None:
     export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"])
     before = listing(repo)
@@ -128,6 +133,7 @@ def test_export_refuses_existing_version_when_version_given(repo: Path) -> None:
     assert listing(repo) == before
 
 
+@pytest.mark.slow  # exports models
 def test_export_refuses_other_signature_when_model_has_versions(repo: Path) -> None:
     export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"])
     before = listing(repo)
@@ -138,6 +144,7 @@ def test_export_refuses_other_signature_when_model_has_versions(repo: Path) -> N
     assert listing(repo) == before
 
 
+@pytest.mark.slow  # exports models
 def test_export_numbers_past_folder_when_it_holds_no_model_file(repo: Path) -> None:
     (repo / "mlp" / "3").mkdir(parents=True)  # a version still being copied in, or a broken one
 
@@ -193,6 +200,7 @@ class ScriptedGate(torch.nn.Module):
         return torch.relu(self.linear(x)) * 2
 
 
+@pytest.mark.slow  # exports models
 def test_export_falls_back_to_torchscript_onnx_exporter_when_dynamo_cannot_take_the_module(repo: Path) -> None:
     scripted = torch.jit.script(ScriptedGate().eval())  # torch.export cannot trace a ScriptModule
 

@@ -48,6 +48,7 @@ def test_cli_export_shows_the_exporters_output_when_debug_is_set(repo: Path) -> 
     assert [d for d in DIAGNOSTICS if d in done.stderr] != []
 
 
+@pytest.mark.slow  # exports models
 def test_export_keeps_the_log_and_names_it_when_the_export_fails(repo: Path, capfd: pytest.CaptureFixture[str]) -> None:
     torch.manual_seed(0)
     with pytest.raises(DataDependentControlFlowError) as caught:
@@ -63,6 +64,7 @@ def test_export_keeps_the_log_and_names_it_when_the_export_fails(repo: Path, cap
     assert [d for d in DIAGNOSTICS if d in captured.err + captured.out] == []
 
 
+@pytest.mark.slow  # exports models
 def test_export_writes_the_exporters_output_to_stderr_when_verbose(
     repo: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -14,6 +14,8 @@ from exporter import InvalidSpecError, export
 from services.modelrepo.manifest import read_manifest
 from tests.exporter.helpers import listing
 
+pytestmark = pytest.mark.slow  # exports models
+
 
 class Masked(nn.Module):
     def __init__(self) -> None:

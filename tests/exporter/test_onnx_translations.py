@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from torch.onnx._internal.exporter import _registration
 
@@ -40,6 +41,7 @@ def test_shared_translations_builds_a_new_table_when_an_import_registers_operato
     assert after is not before
 
 
+@pytest.mark.slow  # exports models
 def test_exports_stay_faithful_when_they_share_the_table(repo: Path) -> None:
     torch.manual_seed(0)
     results = [export(Linear().eval(), example(seed)[:, :8], name=f"m{seed}", repository=repo) for seed in range(3)]

@@ -41,6 +41,7 @@ def scaled_eager(module: torch.nn.Module, factor: float) -> Runner:
     return run
 
 
+@pytest.mark.slow  # exports models
 def test_check_parity_catches_frozen_branch_when_the_examples_sign_never_changes_in_like_draws() -> None:
     module = models.build("sign")
     example = models.example(0).abs() + 1.0  # every sum of draws like it is positive

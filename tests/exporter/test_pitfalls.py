@@ -95,12 +95,14 @@ def test_export_refuses_output_when_batch_axis_is_reduced(repo: Path) -> None:
     assert listing(repo) == []
 
 
+@pytest.mark.slow  # exports models
 def test_export_refuses_output_when_batch_axis_comes_out_static(repo: Path) -> None:
     with pytest.raises(DynamicBatchError, match="fixed batch axis \\(size 4\\)"):
         export(FixedBatchView(), torch.randn(4, 3), name="m", repository=repo)
     assert listing(repo) == []
 
 
+@pytest.mark.slow  # exports models
 def test_export_names_operator_when_no_exporter_can_convert_it(repo: Path) -> None:
     with pytest.raises(UnsupportedOperatorError, match="linalg_eigh") as caught:
         export(Eigenvalues(), torch.randn(4, 3, 3), name="m", repository=repo)
@@ -125,6 +127,7 @@ def test_export_refuses_model_when_qat_modules_remain(repo: Path) -> None:
     assert listing(repo) == []
 
 
+@pytest.mark.slow  # exports models
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
 def test_export_declares_fp16_when_model_is_half_precision(repo: Path, fmt: str) -> None:
     torch.manual_seed(0)
@@ -137,6 +140,7 @@ def test_export_declares_fp16_when_model_is_half_precision(repo: Path, fmt: str)
     assert result.parity.checks[0].atol == 1e-2
 
 
+@pytest.mark.slow  # exports models
 def test_export_flattens_list_outputs_into_named_outputs_in_order(repo: Path) -> None:
     result = export(ListOutputs(), torch.randn(2, 5), name="m", repository=repo)
 
@@ -148,6 +152,7 @@ def test_export_flattens_list_outputs_into_named_outputs_in_order(repo: Path) ->
     np.testing.assert_allclose(times_two, x * 2)
 
 
+@pytest.mark.slow  # exports models
 def test_export_serves_kwargs_forward_when_inputs_are_named(repo: Path) -> None:
     inputs = {"ids": torch.randint(0, 5, (2, 6)), "mask": torch.ones(2, 6, dtype=torch.int64)}
     result = export(KwargsOnly(), inputs, name="m", repository=repo)
@@ -177,6 +182,7 @@ def test_export_refuses_model_when_it_spans_devices(repo: Path) -> None:
     assert "cpu" in str(caught.value)
 
 
+@pytest.mark.slow  # exports models
 def test_export_handles_input_when_it_is_not_contiguous(repo: Path) -> None:
     transposed = torch.randn(8, 4).t()
     assert not transposed.is_contiguous()
@@ -187,6 +193,7 @@ def test_export_handles_input_when_it_is_not_contiguous(repo: Path) -> None:
     assert any("not contiguous" in note for note in result.notes)
 
 
+@pytest.mark.slow  # exports models
 def test_export_refuses_trace_when_it_would_freeze_a_len_branch(repo: Path) -> None:
     with pytest.raises(DataDependentControlFlowError, match=r"if len\(x\) > 2") as caught:
         export(LenBranch(), torch.randn(4, 3), name="m", repository=repo, format="torchscript")
@@ -195,6 +202,7 @@ def test_export_refuses_trace_when_it_would_freeze_a_len_branch(repo: Path) -> N
     assert listing(repo) == []
 
 
+@pytest.mark.slow  # exports models
 def test_export_reports_parity_failure_when_export_is_unfaithful(repo: Path) -> None:
     with pytest.raises(ParityError, match=r"output @ batch \d+, inputs [^:]+: max abs") as caught:
         export(CountsCalls(), torch.randn(4, 3), name="m", repository=repo)
@@ -203,6 +211,7 @@ def test_export_reports_parity_failure_when_export_is_unfaithful(repo: Path) -> 
     assert listing(repo) == []
 
 
+@pytest.mark.slow  # exports models
 def test_export_puts_model_back_in_training_mode_when_it_was_training(repo: Path) -> None:
     model = nn.Sequential(nn.Linear(8, 4), nn.Dropout(0.5)).train()
 
@@ -222,6 +231,7 @@ class MeanEmbedding(nn.Module):
         return {"pooled": vectors.mean(dim=1), "per_token": vectors}
 
 
+@pytest.mark.slow  # exports models
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
 def test_export_keeps_extra_axes_dynamic_when_dynamic_axes_given(repo: Path, fmt: str) -> None:
     tokens = torch.randint(0, 50, (2, 6))

@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from examples.models import build_mlp, mlp_inputs
 from exporter import export
 from exporter.repository import ModelRepository
@@ -38,6 +40,7 @@ def run_crashing_export(repo: Path) -> subprocess.CompletedProcess[str]:
                           cwd=Path(__file__).parents[2], timeout=300, check=False)
 
 
+@pytest.mark.slow  # exports models
 def test_publish_leaves_no_model_when_first_export_is_killed(repo: Path) -> None:
     crashed = run_crashing_export(repo)
 
@@ -52,6 +55,7 @@ def test_publish_leaves_no_model_when_first_export_is_killed(repo: Path) -> None
     assert not [p for p in repo.iterdir() if p.name.startswith(STAGING_PREFIX)]
 
 
+@pytest.mark.slow  # exports models
 def test_publish_keeps_existing_versions_when_next_export_is_killed(repo: Path) -> None:
     export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"])
     before = [p for p in listing(repo) if not p.startswith(STAGING_PREFIX)]

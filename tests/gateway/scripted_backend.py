@@ -12,7 +12,14 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from services.gateway.errors import GatewayError, InferenceFailed, ModelNotFound
-from services.gateway.types import InferOutput, InferRequest, InferResponse, ModelMetadata, TensorSpec, VersionState
+from services.gateway.tensors.types import (
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    TensorSpec,
+    VersionState,
+)
 
 CONFIG = """
 name: "double"
@@ -58,6 +65,11 @@ class ScriptedBackend:
     failing_when_positive: set[int] = field(default_factory=set)
     """Versions whose answer fails (500) when the request's first value is positive: part of the traffic."""
     load_delay_s: float = 0.0
+    hold: asyncio.Event | None = None
+    """When given, ``infer`` waits for it once ``calls`` has the request: a request kept in flight until the test
+    sets it (instead of a delay guessed to outlast the test's next steps)."""
+    load_hold: asyncio.Event | None = None
+    """When given, ``load`` waits for it in state LOADING."""
     on_disk: set[int] = field(default_factory=lambda: {1, 2, 3})
     """Versions ``load`` finds (``double_repository`` writes 1 and 2; a test may add 3); others are 404 as in a
     real backend, which reads the repository when it loads."""
@@ -92,6 +104,8 @@ class ScriptedBackend:
             raise ModelNotFound(f"model 'double' has no version {version} in the repository")
         self.loads.append(version)
         self.states[version] = VersionState.LOADING
+        if self.load_hold is not None:
+            await self.load_hold.wait()
         await asyncio.sleep(self.load_delay_s)
         if version in self.broken:
             self.states[version] = VersionState.UNAVAILABLE
@@ -124,6 +138,8 @@ class ScriptedBackend:
         self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
     ) -> InferResponse:
         self.calls.append((version, timeout_s, priority))
+        if self.hold is not None:
+            await self.hold.wait()
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.failure is not None:

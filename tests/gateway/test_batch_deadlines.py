@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import uvloop
 
-from services.gateway.batch_deadlines import QUEUED, RUNNING
-from services.gateway.batch_policy import BatchPolicy
-from services.gateway.batcher import DynamicBatcher
+from services.gateway.batching.batcher import BatchPolicy, DynamicBatcher
+from services.gateway.batching.deadlines import QUEUED, RUNNING
 from services.gateway.errors import DeadlineExceeded
-from services.gateway.types import Array
+from services.gateway.tensors.types import Array
+from tests.waiting import wait_until_async
 
 
 class Slow:
@@ -23,8 +23,10 @@ class Slow:
 
     def __init__(self, delay_s: float) -> None:
         self.delay_s = delay_s
+        self.runs = 0
 
     async def __call__(self, inputs: dict[str, Array]) -> tuple[dict[str, Array], float]:
+        self.runs += 1
         await asyncio.sleep(self.delay_s)
         return {"y": inputs["x"] * 2}, 0.0
 
@@ -33,6 +35,7 @@ def one_row(value: float) -> dict[str, Array]:
     return {"x": np.full((1, 2), value, dtype=np.float32)}
 
 
+@pytest.mark.slow  # wall-clock figures
 async def test_batcher_fails_running_request_at_its_deadline_when_the_batch_outlasts_it() -> None:
     batcher = DynamicBatcher(Slow(0.3), BatchPolicy(max_batch_size=4))
     await batcher.start()
@@ -43,11 +46,13 @@ async def test_batcher_fails_running_request_at_its_deadline_when_the_batch_outl
     await batcher.close()
 
 
+@pytest.mark.slow  # wall-clock figures
 async def test_batcher_fails_queued_request_at_its_deadline_when_workers_are_busy() -> None:
-    batcher = DynamicBatcher(Slow(0.3), BatchPolicy(max_batch_size=1))
+    slow = Slow(0.3)
+    batcher = DynamicBatcher(slow, BatchPolicy(max_batch_size=1))
     await batcher.start()
     first = asyncio.create_task(batcher.submit(one_row(1.0)))
-    await asyncio.sleep(0.02)
+    assert await wait_until_async(lambda: slow.runs == 1)  # the only worker is busy
     started = time.monotonic()
     with pytest.raises(DeadlineExceeded, match=QUEUED):
         await batcher.submit(one_row(2.0), timeout_s=0.05)
@@ -65,6 +70,7 @@ async def test_batcher_keeps_deadline_heap_near_inflight_count_when_many_request
     await batcher.close()
 
 
+@pytest.mark.slow  # wall-clock figures
 def test_lone_request_is_answered_after_the_batch_delay_when_run_on_uvloop() -> None:
     async def lone_requests() -> list[float]:
         # Adaptive delay off: every lone request waits out its 0.3-1.5 ms delay, which uvloop's timers round to ms.

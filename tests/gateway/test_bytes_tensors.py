@@ -18,15 +18,14 @@ from tritonclient.grpc import service_pb2
 from tritonclient.http import InferResult
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from services.gateway.batch_policy import BatchPolicy
-from services.gateway.batcher import DynamicBatcher
-from services.gateway.bytes_tensors import deserialize, serialize
+from services.gateway.batching.batcher import BatchPolicy, DynamicBatcher
 from services.gateway.errors import InvalidInput
 from services.gateway.grpc_api import codec as grpc_codec
 from services.gateway.rest.codec import OutputFormat, decode_request, encode_response
-from services.gateway.shadow import compare
-from services.gateway.types import InferOutput, InferResponse
-from services.gateway.warmup import max_abs_difference, probe_request, warmup_requests
+from services.gateway.tensors.bytes_codec import deserialize, serialize
+from services.gateway.tensors.types import InferOutput, InferResponse
+from services.gateway.versions.shadow import compare
+from services.gateway.versions.warmup import max_abs_difference, probe_request, warmup_requests
 from tests.string_models import NOT_UTF8, TEXT, strings
 
 elements = st.lists(st.binary(max_size=12), max_size=12)

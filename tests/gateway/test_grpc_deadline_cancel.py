@@ -15,6 +15,7 @@ from tritonclient.grpc import service_pb2
 
 from services.gateway import Settings, create_app
 from services.gateway.grpc_api.servicer import InferenceServicer
+from tests.waiting import wait_until_async
 
 
 class _Call:
@@ -43,8 +44,7 @@ async def _deadline_refusals_after_cancel(settings: Settings, remaining_at_cance
         request.raw_input_contents.append(np.ones((1, 4), np.float32).tobytes())
         call = _Call(remaining_s=10.0)  # the gateway's own timer is set for 10 s from now
         answer = asyncio.create_task(servicer.ModelInfer(request, call))
-        while not backend.calls:  # the backend is running it
-            await asyncio.sleep(0.001)
+        assert await wait_until_async(lambda: bool(backend.calls), interval_s=0.001)  # the backend is running it
         call.remaining_s = remaining_at_cancel_s
         answer.cancel()  # what grpc.aio does to the handler's task when the call ends early
         with pytest.raises(asyncio.CancelledError):

@@ -25,9 +25,8 @@ async def _tasks_added_by_a_server(target_of: type[GenericHandlersOnly] | None) 
     target = server if target_of is None else target_of(server)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(_Live(), target)
     port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    await server.start()  # makes the server's tasks: they exist when it returns
     try:
-        await asyncio.sleep(0.05)  # the server's tasks start
         added = len(asyncio.all_tasks()) - before
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)

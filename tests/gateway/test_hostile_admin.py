@@ -62,8 +62,8 @@ async def test_admin_and_repository_bodies_answer_400_when_values_are_nested_or_
     before = (await client.get("/admin/models/double", headers=ADMIN)).json()["routing"]
     content = (body % value).encode()
     response = await client.request(method, path, content=content, headers=ADMIN)
-    # The repository and shared-memory calls read at most max_body_bytes (4096 here) or 4096 bytes of body.
-    assert response.status_code == (413 if path.startswith("/v2/") and len(content) > 4096 else 400), response.text
+    # Admin, repository and shared-memory calls read their JSON through one reader: at most max_body_bytes (4096 here).
+    assert response.status_code == (413 if len(content) > 4096 else 400), response.text
     assert len(response.json()["error"]) < 1000, response.text
     assert (await client.get("/admin/models/double", headers=ADMIN)).json()["routing"] == before
 
@@ -88,3 +88,34 @@ def test_too_deep_counts_levels_of_lists_and_objects_when_walking() -> None:
     assert too_deep({"a": {"b": []}}, limit=2)
     assert not too_deep(json.loads("[" * MAX_DEPTH + "]" * MAX_DEPTH))
     assert too_deep(json.loads("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1)))
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/admin/models/double/versions/{}/activate"),
+        ("POST", "/admin/models/double/versions/{}/load"),
+        ("POST", "/admin/models/double/versions/{}/unload"),
+        ("POST", "/admin/models/double/versions/{}/compare"),
+        ("GET", "/v2/models/double/versions/{}/ready"),
+    ],
+)
+@pytest.mark.parametrize("version", ["0", "01", "\u0661"])
+async def test_every_route_refuses_a_version_the_one_parser_refuses(
+    client: httpx.AsyncClient, method: str, path: str, version: str
+) -> None:
+    before = (await client.get("/admin/models/double", headers=ADMIN)).json()["routing"]
+    response = await client.request(method, path.format(version), headers=ADMIN)
+    assert response.status_code == 400, response.text
+    assert "version" in response.json()["error"]
+    assert (await client.get("/admin/models/double", headers=ADMIN)).json()["routing"] == before
+
+
+async def test_admin_errors_take_the_common_error_response_when_the_body_is_too_large(
+    client: httpx.AsyncClient,
+) -> None:
+    content = json.dumps({"drain_timeout_s": 1, "padding": "x" * 5000}).encode()
+    response = await client.post("/admin/models/double/versions/2/activate", content=content, headers=ADMIN)
+    assert response.status_code == 413
+    assert response.json() == {"error": f"request body of {len(content)} bytes exceeds the 4096 byte limit"}
+    assert response.headers["connection"] == "close"  # the rest of the body stays unread

@@ -15,7 +15,7 @@ from tritonclient.http import InferResult
 
 from services.gateway.errors import InvalidInput
 from services.gateway.rest.codec import decode_request
-from services.gateway.versions import parse_version
+from services.gateway.versions.numbers import parse_version
 
 BIG = 2**40
 

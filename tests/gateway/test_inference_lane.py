@@ -8,7 +8,7 @@ import pytest
 from scripted_backend import ScriptedBackend
 
 from services.gateway.rest import lane
-from services.gateway.rest.direct import AnswerHeaders
+from services.gateway.rest.answer_head import AnswerHeaders
 from services.gateway.rest.lane import infer_target
 
 X = {"name": "x", "shape": [2, 4], "datatype": "FP32", "data": [1, 2, 3, 4, 5, 6, 7, 8]}

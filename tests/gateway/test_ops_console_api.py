@@ -248,16 +248,18 @@ async def test_compare_preview_is_refused_when_asked_wrongly(client: httpx.Async
     assert (await client.get(path, headers=ADMIN)).status_code == 405
 
 
+@pytest.mark.slow  # counts reads over real time
 async def test_live_figures_are_read_less_often_when_no_console_is_watching() -> None:
-    live = LiveFigures(GatewayMetrics(CollectorRegistry()), period_s=0.01, idle_period_s=0.05, watched_s=10.0)
+    live = LiveFigures(GatewayMetrics(CollectorRegistry()), period_s=0.01, idle_period_s=0.1, watched_s=10.0)
     live.start()
     try:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # the span whose reads are counted
         unwatched = live.reads
         live.series("m", minutes=1, step_s=1)  # asking makes the console a watcher from now on
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # the span whose reads are counted
         watched = live.reads - unwatched
     finally:
         await live.close()
-    assert 3 <= unwatched <= 12  # about one read per 50 ms
-    assert watched >= 2 * unwatched  # about one read per 10 ms
+    assert 2 <= unwatched <= 6  # about one read per 100 ms
+    # About one read per 10 ms (50); a busy machine's late timers leave fewer, never as few as unwatched.
+    assert watched >= 2 * unwatched

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from services.gateway.backends.placement import Placement, RunCost
-from services.gateway.types import Array
+from services.gateway.tensors.types import Array
 
 
 def busy(seconds: float) -> None:

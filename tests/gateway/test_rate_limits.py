@@ -10,8 +10,9 @@ import pytest
 from services.gateway import Settings
 from services.gateway.errors import RateLimited
 from services.gateway.shaping.limits import Limit, LimitsError, LimitTable
-from services.gateway.shaping.ratelimit import LocalRateLimiter, build_rate_limiter
+from services.gateway.shaping.ratelimit import LocalRateLimiter
 from services.gateway.shaping.redis_buckets import RedisRateLimiter
+from services.gateway.shaping.shaper import build_rate_limiter
 
 RULES = """
 [default]

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from services.gateway.bytes_tensors import from_list, serialize
 from services.gateway.errors import InvalidInput
 from services.gateway.grpc_api.codec import decode_request as decode_grpc
-from services.gateway.region_tensors import RegionSlice, TensorRegions, detach, place_outputs, tensor_regions
 from services.gateway.rest.codec import decode_request as decode_rest
-from services.gateway.shared_memory import SharedMemoryRegions
-from services.gateway.types import InferInput, InferOutput, InferRequest, InferResponse
+from services.gateway.tensors.bytes_codec import from_list, serialize
+from services.gateway.tensors.regions import TensorRegions, detach, place_outputs, tensor_regions
+from services.gateway.tensors.shared_memory import RegionSlice, SharedMemoryRegions
+from services.gateway.tensors.types import InferInput, InferOutput, InferRequest, InferResponse
 from tests.shm_support import ShmObject, descriptors, mappings, shm_object
 
 

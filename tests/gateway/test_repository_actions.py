@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry
 from scripted_backend import ScriptedBackend
 
 from services.gateway import Settings, create_app
-from services.gateway.types import VersionState
+from services.gateway.tensors.types import VersionState
+from tests.waiting import eventually_async, wait_until_async
 
 AUTH = {"Authorization": "Bearer s3cret-admin-token"}
 X = {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
@@ -46,15 +47,19 @@ async def call(client: httpx.AsyncClient, action: str, versions: list[int] | Non
 async def test_repository_unload_shows_unloading_and_refuses_new_requests_when_one_is_in_flight(
     client: httpx.AsyncClient, backend: ScriptedBackend
 ) -> None:
-    backend.delay_s = 0.5
+    backend.hold = asyncio.Event()
     in_flight = asyncio.create_task(client.post("/v2/models/double/infer", json={"inputs": [X]}))
-    await asyncio.sleep(0.1)
+    assert await wait_until_async(lambda: len(backend.calls) == 1)  # in the backend, held there
     unload = asyncio.create_task(call(client, "unload"))
-    await asyncio.sleep(0.1)
-    assert (await index(client))["1"] == ("UNLOADING", "")
+
+    async def version_1() -> tuple[str, str]:
+        return (await index(client))["1"]
+
+    assert await eventually_async(version_1, ("UNLOADING", "")) == ("UNLOADING", "")
     refused = await client.post("/v2/models/double/infer", json={"inputs": [X]})
     assert refused.status_code == 404
     assert "unloaded through the repository API" in refused.json()["error"]
+    backend.hold.set()
     assert (await in_flight).status_code == 200  # admitted before the unload: served by its version
     report = (await unload).json()
     assert (report["result"], report["drained"], report["unloaded"]) == ("ok", True, [1])
@@ -65,13 +70,17 @@ async def test_repository_unload_shows_unloading_and_refuses_new_requests_when_o
 async def test_repository_load_shows_loading_then_ready_when_a_version_takes_time(
     client: httpx.AsyncClient, backend: ScriptedBackend
 ) -> None:
-    backend.load_delay_s = 0.5
+    backend.load_hold = asyncio.Event()
     load = asyncio.create_task(call(client, "load", [1, 2]))
-    await asyncio.sleep(0.2)
-    assert (await index(client))["2"][0] == "LOADING"
+
+    async def version_2() -> str:
+        return (await index(client)).get("2", ("", ""))[0]
+
+    assert await eventually_async(version_2, "LOADING") == "LOADING"
     busy = await call(client, "unload")
     assert busy.status_code == 409
     assert "busy" in busy.json()["error"]
+    backend.load_hold.set()
     report = (await load).json()
     assert (report["result"], report["versions"]) == ("ok", {"from": 1, "to": 2})
     assert await index(client) == {"1": ("READY", ""), "2": ("READY", "")}

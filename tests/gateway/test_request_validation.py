@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from services.gateway.errors import InvalidInput
-from services.gateway.types import InferInput, InferRequest, ModelMetadata, TensorSpec
-from services.gateway.validation import validate
+from services.gateway.tensors.types import InferInput, InferRequest, ModelMetadata, TensorSpec
+from services.gateway.tensors.validation import validate
 
 BATCHED = ModelMetadata(
     "seq", (1,), "onnxruntime_onnx", 4, (TensorSpec("tokens", "INT64", (-1,)), TensorSpec("mask", "INT64", (-1,))), ()

@@ -12,7 +12,7 @@ from scripted_backend import ScriptedBackend
 
 from services.gateway import Settings, create_app
 from services.gateway.errors import InferenceFailed, Overloaded
-from services.gateway.types import VersionState
+from services.gateway.tensors.types import VersionState
 
 X = {"name": "x", "shape": [2, 4], "datatype": "FP32", "data": [1, 2, 3, 4, 5, 6, 7, 8]}
 
@@ -81,14 +81,14 @@ async def test_infer_answers_503_when_version_not_ready(client: httpx.AsyncClien
 async def test_infer_answers_504_and_passes_budget_when_deadline_expires(
     client: httpx.AsyncClient, backend: ScriptedBackend, registry: CollectorRegistry
 ) -> None:
-    backend.delay_s = 0.5
-    body = {"inputs": [X], "parameters": {"timeout": 20_000, "priority": 2}}
+    backend.delay_s = 2.0  # far past the deadline
+    body = {"inputs": [X], "parameters": {"timeout": 200_000, "priority": 2}}
     response = await client.post("/v2/models/double/infer", json=body)
     assert response.status_code == 504
-    assert response.json() == {"error": "request to model 'double': its 20.0 ms deadline passed before it finished"}
+    assert response.json() == {"error": "request to model 'double': its 200.0 ms deadline passed before it finished"}
     [(version, budget_s, priority)] = backend.calls
     assert (version, priority) == (1, 2)
-    assert 0 < budget_s <= 0.02  # what is left of the 20 ms once the gateway has validated the request
+    assert 0 < budget_s <= 0.2  # what is left of the 200 ms once the gateway has validated the request
     assert registry.get_sample_value("switchyard_rejected_total", {"model": "double", "reason": "deadline"}) == 1
 
 

@@ -10,7 +10,7 @@ from tritonclient.http import InferResult
 
 from services.gateway.errors import InvalidInput
 from services.gateway.rest.codec import decode_request, encode_response
-from services.gateway.types import InferOutput, InferResponse
+from services.gateway.tensors.types import InferOutput, InferResponse
 
 
 def test_decode_request_reads_binary_tensor_in_place_when_header_length_given() -> None:

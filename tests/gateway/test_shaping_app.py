@@ -16,6 +16,7 @@ from pydantic import SecretStr
 from scripted_backend import ScriptedBackend
 
 from services.gateway import Settings, create_app
+from tests.waiting import wait_until_async
 
 X = {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
 BODY = {"inputs": [X]}
@@ -35,6 +36,11 @@ async def shaped_client(
 
 def rejected(registry: CollectorRegistry, reason: str, model: str = "double") -> float:
     return registry.get_sample_value("switchyard_rejected_total", {"model": model, "reason": reason}) or 0.0
+
+
+def waiting(registry: CollectorRegistry, model: str = "double") -> float:
+    """Requests waiting for a concurrency slot of the model (the gateway's own gauge)."""
+    return registry.get_sample_value("switchyard_admission_waiting", {"model": model}) or 0.0
 
 
 async def test_infer_answers_413_when_chunked_body_outgrows_limit(
@@ -59,11 +65,12 @@ async def test_infer_answers_413_when_chunked_body_outgrows_limit(
 async def test_infer_answers_504_without_backend_call_when_deadline_passes_in_queue(
     backend: ScriptedBackend, registry: CollectorRegistry, settings: Settings
 ) -> None:
-    backend.delay_s = 0.3
     async with shaped_client(backend, registry, settings, max_concurrency=1, max_queue=4) as client:
+        backend.hold = asyncio.Event()  # after the startup's warm-up
         first = asyncio.create_task(client.post("/v2/models/double/infer", json=BODY))
-        await asyncio.sleep(0.05)
+        assert await wait_until_async(lambda: len(backend.calls) == 1)  # holds the only slot until released
         late = await client.post("/v2/models/double/infer", json=BODY, headers={"X-Request-Timeout": "30"})
+        backend.hold.set()
         assert (await first).status_code == 200
     assert late.status_code == 504, late.text
     assert late.json() == {
@@ -94,8 +101,8 @@ async def test_infer_passes_remaining_budget_when_deadline_comes_from_header(
 async def test_infer_sheds_lowest_priority_first_when_queue_full(
     backend: ScriptedBackend, registry: CollectorRegistry, settings: Settings
 ) -> None:
-    backend.delay_s = 0.2
     async with shaped_client(backend, registry, settings, max_concurrency=1, max_queue=1) as client:
+        backend.hold = asyncio.Event()  # after the startup's warm-up
 
         def post(priority: str) -> asyncio.Task[httpx.Response]:
             return asyncio.create_task(
@@ -103,13 +110,13 @@ async def test_infer_sheds_lowest_priority_first_when_queue_full(
             )
 
         running = post("2")
-        await asyncio.sleep(0.05)
+        assert await wait_until_async(lambda: len(backend.calls) == 1)  # holds the only slot until released
         low = post("3")
-        await asyncio.sleep(0.05)
+        assert await wait_until_async(lambda: waiting(registry) == 1)  # low fills the queue
         high = post("1")
         shed = await low
-        await asyncio.sleep(0.05)
-        refused = await post("3")  # as low as the one queued: refused at once
+        refused = await post("3")  # as low as the one queued (high): refused at once
+        backend.hold.set()
         answers = await asyncio.gather(running, high)
     assert [a.status_code for a in answers] == [200, 200]
     assert (shed.status_code, shed.headers["retry-after"]) == (503, "1")

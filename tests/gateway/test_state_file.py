@@ -159,7 +159,7 @@ async def test_routing_file_holds_complete_record_set_when_writer_is_killed(path
         with _child(WRITER, path) as writer:
             assert writer.stdout is not None
             assert writer.stdout.readline() == "saving\n"
-            await asyncio.sleep(random.uniform(0.002, 0.04))
+            await asyncio.sleep(random.uniform(0.002, 0.04))  # the kill lands anywhere in its saves: what is tested
             writer.send_signal(signal.SIGKILL)
             assert writer.wait() == -signal.SIGKILL
         if path.exists():

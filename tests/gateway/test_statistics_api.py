@@ -10,11 +10,11 @@ from pydantic import SecretStr
 from scripted_backend import ScriptedBackend
 
 from services.gateway import Settings, create_app
-from services.gateway.batch_policy import ExecutedBatch
+from services.gateway.batching.batcher import ExecutedBatch
 from services.gateway.errors import InferenceFailed
 from services.gateway.rest.messages import message_json
 from services.gateway.statistics import Hops, VersionStatistics
-from services.gateway.types import VersionState
+from services.gateway.tensors.types import VersionState
 
 X = {"name": "x", "shape": [2, 4], "datatype": "FP32", "data": [1, 2, 3, 4, 5, 6, 7, 8]}
 

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from scripted_backend import ScriptedBackend
 
 from services.gateway import Settings
+from tests.waiting import wait_until_async
 
 ADMIN = {"Authorization": "Bearer s3cret-admin-token"}
 
@@ -71,7 +72,7 @@ async def test_failing_canary_is_pulled_back_and_named_when_it_breaks_its_error_
         status = (await client.get("/admin/models/double", headers=ADMIN)).json()
         if status["routing"]["canary"]["weight"] == 0:
             break
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # paces the traffic: bursts of 10, polled until the canary is pulled back
     canary = status["routing"]["canary"]
     assert canary["weight"] == 0, "the failing canary was not pulled back"
     assert "5xx rate" in canary["rolled_back"]
@@ -90,7 +91,7 @@ async def test_canary_is_promoted_when_it_behaves_for_promote_after_s(client: ht
     await traffic(client, policy)
     for _ in range(40):
         await client.post("/v2/models/double/infer", json=body())
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # real time must pass (promote_after_s): 40 rounds are 2 s at least
         routing = (await client.get("/admin/models/double", headers=ADMIN)).json()["routing"]
         if routing["stable"] == 2:
             break
@@ -105,9 +106,9 @@ async def test_shadow_answers_are_compared_and_never_served_when_sampled(
     assert response.status_code == 200, response.text
     answers = [await client.post("/v2/models/double/infer", json=body()) for _ in range(30)]
     assert {a.headers["x-model-version"] for a in answers} == {"1"}
-    await asyncio.sleep(0.1)
-    ok = registry.get_sample_value("switchyard_shadow_requests_total", {"model": "double", "result": "ok"})
-    assert ok == 30
+    # Shadow calls run after their answers went out: wait for the last comparison.
+    labels = {"model": "double", "result": "ok"}
+    assert await wait_until_async(lambda: registry.get_sample_value("switchyard_shadow_requests_total", labels) == 30)
     # y = 2x on version 1 and 3x on version 2 for x = [1, 2, 3, 4]: the largest difference is 4.
     assert registry.get_sample_value("switchyard_shadow_divergence_sum", {"model": "double"}) == 30 * 4.0
     assert sum(1 for call in backend.calls if call[0] == 2) >= 30

@@ -13,7 +13,7 @@ import pytest
 from services.gateway.backends.triton.http_codec import http_request, http_response
 from services.gateway.backends.triton.http_pool import HttpPool
 from services.gateway.errors import InferenceFailed
-from services.gateway.types import InferInput, InferRequest, InferResponse
+from services.gateway.tensors.types import InferInput, InferRequest, InferResponse
 
 
 def request() -> InferRequest:

@@ -13,6 +13,8 @@ from asgi_lifespan import LifespanManager
 from services.gateway.app import create_app
 from tests.tuning_support import HEADERS, admin_settings, copy_models
 
+pytestmark = pytest.mark.slow  # serves the examples' export
+
 
 @pytest.fixture
 async def client(example_repository: Path, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:

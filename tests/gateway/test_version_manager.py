@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry
 from scripted_backend import ScriptedBackend
 
 from services.gateway import Settings, create_app
-from services.gateway.types import VersionState
+from services.gateway.tensors.types import VersionState
+from tests.waiting import eventually_async, wait_until_async
 
 ADMIN = {"Authorization": "Bearer s3cret-admin-token"}
 X = {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
@@ -122,14 +123,15 @@ async def test_activate_answers_404_when_the_version_is_not_in_the_repository(cl
 async def test_second_action_gets_409_when_a_swap_of_the_model_is_running(
     client: httpx.AsyncClient, backend: ScriptedBackend
 ) -> None:
-    backend.load_delay_s = 0.3
+    backend.load_hold = asyncio.Event()
     first = asyncio.create_task(admin(client, "/versions/2/activate"))
-    await asyncio.sleep(0.1)
+    assert await wait_until_async(lambda: backend.loads == [2])  # loading, held there
     second = await admin(client, "/rollback")
     assert second.status_code == 409
     assert "activate of version 2 is at step 'load'" in second.json()["error"]
     status = (await client.get("/admin/models/double", headers=ADMIN)).json()
     assert status["action"]["step"] == "load"
+    backend.load_hold.set()
     assert (await first).status_code == 200
 
 
@@ -159,11 +161,20 @@ async def test_activate_unloads_the_replaced_version_when_keep_previous_is_false
 async def test_drain_waits_for_requests_on_the_old_version_when_they_are_in_flight(
     client: httpx.AsyncClient, backend: ScriptedBackend
 ) -> None:
-    backend.delay_s = 1.0
+    held = backend.hold = asyncio.Event()
     slow = asyncio.create_task(infer(client))
-    await asyncio.sleep(0.1)
-    backend.delay_s = 0.0
-    report = (await admin(client, "/versions/2/activate", {"keep_previous": False, "compare": False})).json()
+    assert await wait_until_async(lambda: len(backend.calls) == 1)  # in flight on version 1, held there
+    backend.hold = None  # that request only: the swap's warm-up is answered
+    swap = asyncio.create_task(admin(client, "/versions/2/activate", {"keep_previous": False, "compare": False}))
+
+    async def step() -> object:
+        action = (await client.get("/admin/models/double", headers=ADMIN)).json()["action"]
+        return action and action["step"]
+
+    assert await eventually_async(step, "drain") == "drain"
+    assert not slow.done()
+    held.set()
+    report = (await swap).json()
     assert report["drained"] is True
     assert slow.done()  # the swap waited for it before unloading version 1
     assert (await slow).json()["model_version"] == "1"  # admitted before the flip, answered by the old version
@@ -172,13 +183,14 @@ async def test_drain_waits_for_requests_on_the_old_version_when_they_are_in_flig
 async def test_drain_gives_up_and_reports_what_is_left_when_the_timeout_passes(
     client: httpx.AsyncClient, backend: ScriptedBackend
 ) -> None:
-    backend.delay_s = 3.0
+    held = backend.hold = asyncio.Event()
     slow = asyncio.create_task(infer(client))
-    await asyncio.sleep(0.1)
-    backend.delay_s = 0.0
+    assert await wait_until_async(lambda: len(backend.calls) == 1)  # in flight on version 1, held there
+    backend.hold = None  # that request only: the swap's warm-up is answered
     body = {"drain_timeout_s": 0.05, "compare": False}
     report = (await admin(client, "/versions/2/activate", body)).json()
     assert (report["drained"], report["in_flight_left"]) == (False, 1)
+    held.set()
     await slow
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from services.gateway import Settings
-from services.gateway.testing import Reference, RunningGateway, onnx_reference, running_gateway
+from tests.gateway_harness import Reference, RunningGateway, onnx_reference, running_gateway
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from services.gateway import Settings
-from services.gateway.testing import RunningGateway, running_gateway
+from tests.gateway_harness import RunningGateway, running_gateway
 from tests.string_models import NOT_UTF8, TEXT, VOCABULARY, serialized, string_repository, strings
 
 
@@ -41,6 +41,7 @@ def _http_echo(url: str, values: object, *, binary_in: bool, binary_out: bool) -
         return client.infer("echo", [tensor], outputs=outputs).as_numpy("echo")  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow  # a gateway on real ports
 @pytest.mark.parametrize(("binary_in", "binary_out"), [(False, False), (True, True), (False, True), (True, False)])
 def test_echo_answers_the_exact_strings_when_http_sends_json_or_binary(
     gateway: RunningGateway, binary_in: bool, binary_out: bool
@@ -52,6 +53,7 @@ def test_echo_answers_the_exact_strings_when_http_sends_json_or_binary(
     assert echoed.tolist() == [expected]
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_echo_answers_the_exact_bytes_when_grpc_sends_raw_contents(gateway: RunningGateway) -> None:
     data = strings(TEXT + TEXT[::-1], (2, len(TEXT)))
     with grpcclient.InferenceServerClient(gateway.grpc_url) as client:
@@ -61,6 +63,7 @@ def test_echo_answers_the_exact_bytes_when_grpc_sends_raw_contents(gateway: Runn
     assert result.as_numpy("echo").tolist() == data.tolist()
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_echo_answers_the_exact_bytes_when_grpc_sends_typed_bytes_contents(gateway: RunningGateway) -> None:
     request = service_pb2.ModelInferRequest(model_name="echo")
     request.inputs.add(name="text", datatype="BYTES", shape=[1, 3]).contents.bytes_contents.extend(
@@ -72,6 +75,7 @@ def test_echo_answers_the_exact_bytes_when_grpc_sends_typed_bytes_contents(gatew
     assert reply.raw_output_contents[0] == serialized(["", "grüße", "🚀"])
 
 
+@pytest.mark.slow  # a gateway on real ports
 async def test_batched_echo_returns_each_caller_its_own_strings_when_aio_clients_send_together(
     gateway: RunningGateway,
 ) -> None:
@@ -97,6 +101,7 @@ async def test_batched_echo_returns_each_caller_its_own_strings_when_aio_clients
     assert answers == expected
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_word_ids_maps_strings_to_int64_ids_when_sent_as_json(gateway: RunningGateway) -> None:
     words = ["hello", "grüße", "unknown", "日本語", ""]
     with httpclient.InferenceServerClient(gateway.http_url) as client:
@@ -107,6 +112,7 @@ def test_word_ids_maps_strings_to_int64_ids_when_sent_as_json(gateway: RunningGa
     assert ids.tolist() == [[VOCABULARY.get(w, -1) for w in words]]
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_torchscript_module_takes_and_returns_a_list_of_strings_when_the_tensor_is_1d(gateway: RunningGateway) -> None:
     data = strings(TEXT, (len(TEXT),))
     with grpcclient.InferenceServerClient(gateway.grpc_url) as client:
@@ -116,6 +122,7 @@ def test_torchscript_module_takes_and_returns_a_list_of_strings_when_the_tensor_
     assert result.as_numpy("OUTPUT__0").tolist() == data.tolist()
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_torchscript_model_with_2d_strings_is_unavailable_naming_the_limitation_when_requested(
     gateway: RunningGateway,
 ) -> None:
@@ -132,6 +139,7 @@ def test_torchscript_model_with_2d_strings_is_unavailable_naming_the_limitation_
            "so only 1-D BYTES tensors can be served" in caught.value.message()
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_onnx_string_input_refuses_bytes_that_are_not_utf8_naming_the_element(gateway: RunningGateway) -> None:
     message = "input 'text': string 0 is not valid UTF-8 (invalid start byte at byte 0); onnxruntime string tensors"
     with httpclient.InferenceServerClient(gateway.http_url) as client:
@@ -156,6 +164,7 @@ def _post(gateway: RunningGateway, header: dict[str, object], tail: bytes = b"")
     return httpx.post(f"http://{gateway.http_url}/v2/models/echo/infer", content=head + tail, headers=headers)
 
 
+@pytest.mark.slow  # a gateway on real ports
 @pytest.mark.parametrize(
     ("data", "tail", "message"),
     [
@@ -181,6 +190,7 @@ def test_rest_refuses_malformed_strings_with_400_naming_the_tensor_when_json_or_
     assert response.json()["error"] == message
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_grpc_refuses_truncated_raw_strings_with_invalid_argument_naming_the_offset(gateway: RunningGateway) -> None:
     request = service_pb2.ModelInferRequest(model_name="echo", raw_input_contents=[b"\x03\x00\x00\x00ab"])
     request.inputs.add(name="text", datatype="BYTES", shape=[1, 1])
@@ -192,6 +202,7 @@ def test_grpc_refuses_truncated_raw_strings_with_invalid_argument_naming_the_off
     assert caught.value.details() == "input 'text': string 0's length prefix at byte 0 says 3 bytes, only 2 remain"
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_metadata_reports_string_tensors_as_bytes_when_the_config_says_type_string(gateway: RunningGateway) -> None:
     with httpclient.InferenceServerClient(gateway.http_url) as client:
         metadata = client.get_model_metadata("word_ids")

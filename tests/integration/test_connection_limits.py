@@ -12,6 +12,7 @@ import selectors
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -21,6 +22,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.foreign_repository import addsub_repository_at
 from tests.gateway_process import GatewayProcess, gateway_process
+from tests.waiting import wait_until
 
 TOKEN = "connection-limits-token"
 HEADER_S, BODY_S, KEEP_ALIVE_S = 1.0, 2.0, 0.25
@@ -150,7 +152,7 @@ def test_silent_connections_close_within_header_deadline_while_requests_succeed_
         sock.setblocking(False)
         selector.register(sock, selectors.EVENT_READ)
     opened = time.monotonic()
-    time.sleep(0.2)  # let the gateway accept them all
+    wait_until(lambda: open_fds(gateway) >= fds_before + SILENT * 0.9, timeout_s=5.0)  # the gateway accepted them
     fds_open = open_fds(gateway)
     answer = httpx.get(f"http://{gateway.http_url}/v2/health/ready", timeout=5.0)
     last_closed, leaked = opened, 0
@@ -173,7 +175,7 @@ def test_silent_connections_close_within_header_deadline_while_requests_succeed_
     for key in list(selector.get_map().values()):
         key.fileobj.close()  # type: ignore[union-attr]
     selector.close()
-    time.sleep(0.2)
+    wait_until(lambda: open_fds(gateway) <= fds_before + 5, timeout_s=5.0)  # what it has not closed yet is a leak
     fds_after = open_fds(gateway)
     figures = (
         f"{SILENT} silent connections opened in {opened - started:.2f} s; all closed {last_closed - opened:.2f} s "
@@ -228,13 +230,19 @@ def test_keep_alive_fails_no_request_when_client_expires_idle_connections_sooner
     pauses = [0.0, under, over, 0.0, under, KEEP_ALIVE_S - 0.02, 0.0, under, over, KEEP_ALIVE_S + 0.02]
     failures: list[str] = []
     limits = httpx.Limits(keepalive_expiry=expiry)
-    with httpx.Client(base_url=f"http://{gateway.http_url}", limits=limits, timeout=5.0) as client:
-        for i in range(200):
-            time.sleep(pauses[i % len(pauses)])
-            try:
-                client.get("/v2/health/ready").raise_for_status()
-            except httpx.HTTPError as exc:
-                failures.append(f"request {i} after {pauses[i % len(pauses)]} s: {exc!r}")
+
+    def client_run(first: int) -> None:  # 50 requests on a client (and connection) of its own
+        with httpx.Client(base_url=f"http://{gateway.http_url}", limits=limits, timeout=5.0) as client:
+            for i in range(first, first + 50):
+                time.sleep(pauses[i % len(pauses)])  # the pause is what is tested: the connection idles that long
+                try:
+                    client.get("/v2/health/ready").raise_for_status()
+                except httpx.HTTPError as exc:
+                    failures.append(f"request {i} after {pauses[i % len(pauses)]} s: {exc!r}")
+
+    # 200 requests in all, as four clients side by side: each one's pauses are what they were one after another.
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(client_run, range(0, 200, 50)))
     assert failures == []
 
 

@@ -16,8 +16,10 @@ import pytest
 
 from services.gateway import Settings
 from services.gateway.rest import connections
-from services.gateway.testing import RunningGateway, running_gateway
 from tests.foreign_repository import addsub_repository_at
+from tests.gateway_harness import RunningGateway, running_gateway
+
+pytestmark = pytest.mark.slow  # a gateway on real ports
 
 PATH = b"/v2/models/addsub/infer"
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.testing import RunningGateway
 from tests.duplicate_outputs import TIMES, answered_names
+from tests.gateway_harness import RunningGateway
+
+pytestmark = pytest.mark.slow  # a gateway on real ports
 
 
 @pytest.mark.parametrize("protocol", ["rest", "grpc"])

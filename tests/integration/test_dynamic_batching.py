@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http.aio as aiohttpclient
 
 from examples import models
-from services.gateway.testing import Reference, RunningGateway
-from services.gateway.types import Array
+from services.gateway.tensors.types import Array
+from tests.gateway_harness import Reference, RunningGateway
+
+pytestmark = pytest.mark.slow  # a gateway on real ports
 
 
 async def test_batcher_merges_requests_and_splits_rows_when_32_clients_concurrent(

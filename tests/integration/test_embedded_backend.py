@@ -13,7 +13,9 @@ from examples import models
 from services.gateway.backends.embedded import EmbeddedBackend
 from services.gateway.errors import GatewayError, ModelNotFound
 from services.gateway.repository import Catalog
-from services.gateway.types import InferInput, InferRequest, VersionState
+from services.gateway.tensors.types import InferInput, InferRequest, VersionState
+
+pytestmark = pytest.mark.slow  # a gateway on real ports
 
 
 def _mlp_only(repository: Path, target: Path) -> Path:
@@ -40,7 +42,7 @@ async def test_embedded_backend_unloads_and_reloads_version_when_asked(repositor
     try:
         assert backend.models() == {"mlp": {1: VersionState.READY, 2: VersionState.READY}}
         pending = asyncio.create_task(backend.infer(_request(), version=1, timeout_s=None, priority=0))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn: the request is queued
         await backend.unload("mlp", 1)  # drains the request already queued
         assert (await pending).outputs[0].data.shape == (2, 8)
         assert backend.models()["mlp"] == {2: VersionState.READY}

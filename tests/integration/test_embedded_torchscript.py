@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import tritonclient.http as httpclient
 
 from examples import models
-from services.gateway.testing import RunningGateway
+from tests.gateway_harness import RunningGateway
+
+pytestmark = pytest.mark.slow  # a gateway on real ports
 
 
 def test_embedded_backend_matches_eager_pytorch_when_model_is_torchscript(gateway: RunningGateway) -> None:

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from services.gateway import Settings
-from services.gateway.testing import running_gateway
 from tests.foreign_repository import check_engine_unavailable, check_every_model_serves, make_foreign_repository
+from tests.gateway_harness import running_gateway
+
+pytestmark = pytest.mark.slow  # a gateway on real ports
 
 
 def test_embedded_backend_serves_every_model_and_reports_the_engine_when_the_repository_is_foreign(

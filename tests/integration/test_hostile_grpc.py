@@ -15,7 +15,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from services.gateway.errors import InvalidInput
 from services.gateway.grpc_api.codec import decode_request
-from services.gateway.testing import RunningGateway
+from tests.gateway_harness import RunningGateway
 
 Request = Any  # service_pb2.ModelInferRequest: protobuf's generated classes are untyped
 
@@ -112,6 +112,7 @@ def _rejection(call: Callable[[Any], Any], message: Any) -> tuple[grpc.StatusCod
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
+@pytest.mark.slow  # a gateway on real ports
 @pytest.mark.parametrize(
     ("version", "message"),
     [
@@ -131,6 +132,7 @@ def test_grpc_calls_answer_invalid_argument_when_version_malformed(stub: Any, ve
     assert _rejection(stub.ModelReady, service_pb2.ModelReadyRequest(**target)) == (INVALID, message)
 
 
+@pytest.mark.slow  # a gateway on real ports
 @pytest.mark.parametrize(
     ("request_", "message"),
     [
@@ -180,12 +182,14 @@ def test_grpc_infer_answers_invalid_argument_saying_why_when_request_wrong(
     assert _rejection(stub.ModelInfer, request_) == (INVALID, message)
 
 
+@pytest.mark.slow  # a gateway on real ports
 @pytest.mark.parametrize("request_", NASTY.values(), ids=NASTY.keys())
 def test_grpc_infer_answers_invalid_argument_when_message_hostile(stub: Any, request_: Request) -> None:
     code, _ = _rejection(stub.ModelInfer, request_)
     assert code == INVALID
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_grpc_client_passes_nan_through_when_sent_raw(gateway: RunningGateway) -> None:
     features = np.zeros((1, 32), dtype=np.float32)
     features[0, 0] = np.nan  # the client's own bytes: the model sees them as they are

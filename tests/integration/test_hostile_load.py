@@ -18,6 +18,7 @@ import pytest
 from tests.gateway_process import GatewayProcess, gateway_process
 from tests.http_load import RawHttpPool
 from tests.shaping_models import shaping_repository
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 TOKEN = "hostile-load-admin-token"
@@ -30,6 +31,11 @@ def rss_kib(gateway: GatewayProcess, field: str = "VmRSS") -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise AssertionError(f"{field} missing from /proc status")
+
+
+def open_fds(gateway: GatewayProcess) -> int:
+    assert gateway.process is not None
+    return len(list(Path(f"/proc/{gateway.process.pid}/fd").iterdir()))
 
 
 def series(gateway: GatewayProcess) -> int:
@@ -214,13 +220,16 @@ def test_overload_sheds_fast_and_keeps_accepted_latency(heavy_gateway: GatewayPr
     print(figures)
     assert not others, figures
     assert len(refused) > len(answers) / 3, figures
-    assert _p99(accepted) < 2 * unloaded_p99, figures
-    assert _p99(refused) < 0.010, figures
+    # Margins for a loaded two-core machine (the suite's other worker, CPU burners): about 1.5x and 4 ms when idle.
+    # What they catch is queueing: behind a 3x overload for 8 s, a queued request waits for seconds.
+    assert _p99(accepted) < 4 * unloaded_p99, figures
+    assert _p99(refused) < 0.05, figures
     assert rss_after - rss_before < 32 * 1024, figures
 
 
 def test_disconnects_mid_body_and_model_failures_log_one_line_each_at_most(heavy_gateway: GatewayProcess) -> None:
     log_before = heavy_gateway.log.read_text()
+    fds_before = open_fds(heavy_gateway)
     for _ in range(10):  # announce 100 kB, send 10, go away
         with socket.create_connection(("127.0.0.1", heavy_gateway.http_port)) as connection:
             connection.sendall(
@@ -229,7 +238,8 @@ def test_disconnects_mid_body_and_model_failures_log_one_line_each_at_most(heavy
     failing = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 3]}]}
     answer = httpx.post(f"http://{heavy_gateway.http_url}/v2/models/faulty/infer", json=failing)
     assert answer.status_code == 500
-    time.sleep(0.5)  # the disconnects are noticed on the gateway's loop
+    # The disconnects are noticed on the gateway's loop: by the time it closed their sockets, it logged what it would.
+    assert wait_until(lambda: open_fds(heavy_gateway) <= fds_before + 1), (fds_before, open_fds(heavy_gateway))
     written = heavy_gateway.log.read_text()[len(log_before):]
     errors = [line for line in written.splitlines() if " ERROR " in line]
     assert len(errors) == 1, written[-3000:]

@@ -11,7 +11,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from services.gateway.testing import RunningGateway
+from tests.gateway_harness import RunningGateway
+
+pytestmark = pytest.mark.slow  # a gateway on real ports
 
 
 def _mlp_input(shape: list[int], datatype: str = "FP32", **extra: Any) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def _answers_by_version(gateway: GatewayProcess) -> dict[tuple[str, str], float]
 def test_locust_run_passes_its_gates_when_the_ops_user_switches_versions_under_load(
     gateway: GatewayProcess, tmp_path: Path
 ) -> None:
-    # Version 1 serves when the run starts; the ops user activates 2 at ~4 s, rolls back at ~8 s, activates at ~12 s.
+    # Version 1 serves when the run starts; the ops user activates 2 at ~3 s, rolls back at ~6 s, activates at ~9 s.
     activated = httpx.post(f"http://{gateway.http_url}/admin/models/mlp/versions/1/activate", headers=ADMIN, timeout=60)
     assert activated.status_code == 200, activated.text
     before = _answers_by_version(gateway)
@@ -56,13 +56,13 @@ def test_locust_run_passes_its_gates_when_the_ops_user_switches_versions_under_l
         [
             "--model=mlp",
             "--rows=2",
-            "--ops-interval=4",
+            "--ops-interval=3",
             "--ops-version=2",
             "--exit-code-on-error=1",
             "--slo-error-ratio=0",
             "--slo-p99-ms=infer-json=2000,infer-binary=2000,grpc-infer=2000",
         ],
-        seconds=15,
+        seconds=10,
         users=5,
         token=TOKEN,
     )

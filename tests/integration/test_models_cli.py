@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from services.gateway import Settings
-from services.gateway.testing import RunningGateway, running_gateway
 from tests.cli_support import FEATURES, TOKEN, models, one_error_line, squeezed
+from tests.gateway_harness import RunningGateway, running_gateway
 
 
 @contextmanager
@@ -62,6 +62,7 @@ def free_port() -> int:
 
 
 # -- reading --------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # a gateway on real ports
 def test_models_list_shows_routing_and_versions_when_the_gateway_serves_mlp(shared: RunningGateway) -> None:
     result = models(shared, "list")
     assert result.exit_code == 0, result.output
@@ -70,6 +71,7 @@ def test_models_list_shows_routing_and_versions_when_the_gateway_serves_mlp(shar
     assert cells == ["mlp", "yes", "2", "none", "1", "1, 2", "1, 2", ""]
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_models_status_shows_routing_loaded_and_policy_versions_when_asked_for_mlp(shared: RunningGateway) -> None:
     result = models(shared, "status", "mlp")
     assert result.exit_code == 0, result.output
@@ -81,6 +83,7 @@ def test_models_status_shows_routing_loaded_and_policy_versions_when_asked_for_m
     assert "action now none" in squeezed(result.stdout)
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_models_commands_answer_json_when_asked_with_json(shared: RunningGateway) -> None:
     listed = json.loads(models(shared, "list", "--json").stdout)
     assert [(m["name"], m["stable"], m["loaded"]) for m in listed["models"]] == [("mlp", 2, [1, 2])]
@@ -92,6 +95,7 @@ def test_models_commands_answer_json_when_asked_with_json(shared: RunningGateway
     assert (report["result"], report["versions"]) == ("unchanged", {"from": 2, "to": 2})
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_models_commands_use_the_environment_when_url_and_token_are_not_given(shared: RunningGateway) -> None:
     result = models(
         None, "status", "mlp", SWITCHYARD_ADMIN_URL=f"http://{shared.http_url}", SWITCHYARD_ADMIN_TOKEN=TOKEN
@@ -101,6 +105,7 @@ def test_models_commands_use_the_environment_when_url_and_token_are_not_given(sh
 
 
 # -- switching ------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # a gateway on real ports
 def test_models_activate_and_rollback_flip_unversioned_requests_when_both_versions_are_loaded(
     own: RunningGateway,
 ) -> None:
@@ -128,6 +133,7 @@ def test_models_activate_and_rollback_flip_unversioned_requests_when_both_versio
     assert rows == [["activate", "2 → 1", "ok"], ["rollback", "1 → 2", "ok"]]
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_models_unload_and_load_report_their_steps_when_the_version_is_not_stable(own: RunningGateway) -> None:
     unloaded = models(own, "unload", "mlp", "1")
     assert unloaded.exit_code == 0, unloaded.output
@@ -144,6 +150,7 @@ def test_models_unload_and_load_report_their_steps_when_the_version_is_not_stabl
     assert "version 1 is already loaded: unchanged" in models(own, "load", "mlp", "1").stdout
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_models_scan_lists_a_new_version_without_serving_it_when_one_appears_on_disk(
     own: RunningGateway, tmp_path: Path
 ) -> None:
@@ -157,6 +164,7 @@ def test_models_scan_lists_a_new_version_without_serving_it_when_one_appears_on_
 
 
 # -- failing --------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # a gateway on real ports
 def test_models_activate_exits_1_with_the_server_error_when_the_version_is_not_on_disk(
     shared: RunningGateway,
 ) -> None:
@@ -167,6 +175,7 @@ def test_models_activate_exits_1_with_the_server_error_when_the_version_is_not_o
     assert "no version 9 in the repository; version 2 keeps serving" in line
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_models_unload_and_rollback_exit_1_with_the_conflict_when_the_state_forbids_them(
     shared: RunningGateway,
 ) -> None:
@@ -182,6 +191,7 @@ def test_models_unload_and_rollback_exit_1_with_the_conflict_when_the_state_forb
     assert (unknown.exit_code, one_error_line(unknown)) == (1, "error: unknown model 'nope'")
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_models_activate_sends_only_given_options_and_exits_1_when_the_gateway_rejects_one(
     shared: RunningGateway,
 ) -> None:
@@ -191,6 +201,7 @@ def test_models_activate_sends_only_given_options_and_exits_1_when_the_gateway_r
     assert served_version(shared) == 2
 
 
+@pytest.mark.slow  # a gateway on real ports
 def test_models_commands_exit_2_with_the_server_message_when_the_token_is_wrong_or_missing(
     shared: RunningGateway,
 ) -> None:

@@ -27,10 +27,10 @@ from schemathesis.specs.openapi.schemas import OpenApiSchema
 from starlette.routing import Route
 
 from services.gateway import Settings, create_app
-from services.gateway.datatypes import numpy_dtype
 from services.gateway.errors import InvalidInput
 from services.gateway.rest.openapi import DOCS_PATH, paths
 from services.gateway.rest.schemas import Datatype
+from services.gateway.tensors.datatypes import numpy_dtype
 from tests.gateway_process import GatewayProcess, gateway_process
 
 pytestmark = pytest.mark.slow

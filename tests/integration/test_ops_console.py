@@ -15,6 +15,7 @@ from playwright.sync_api import Browser, expect
 from tests.console_support import PHONE, TOKEN, BackgroundLoad, ConsolePage, admin, chromium, console_page
 from tests.gateway_process import GatewayProcess, gateway_on_copy
 from tests.system_tools import require_tool
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -129,7 +130,12 @@ def test_console_activates_and_rolls_back_without_a_failed_request_when_under_lo
         console.confirm()
         console.close_dialog()
         expect(console.field("classifier", "stable")).to_have_text("v1")
-        time.sleep(0.3)
+        rolled_back = time.monotonic()
+        # The load goes on until version 1 answers a request sent after the rollback, and 100 were sent in all.
+        assert wait_until(
+            lambda: len(load.answers) > 100 and any(a.version == 1 and a.sent > rolled_back for a in load.answers),
+            30.0,
+        )
     print(f"\nbackground load: {len(load.answers)} requests ({len(during_activation)} sent while the activation ran "
           f"for {reported - confirmed:.2f} s), {len(load.failures())} failed, "
           f"versions {sorted(v for v in load.versions() if v is not None)}")

@@ -17,6 +17,7 @@ import pytest
 from examples import models
 from tests.gateway_process import GatewayProcess, gateway_process
 from tests.redis_server import RedisServer, redis_server
+from tests.waiting import eventually_async
 
 TOKEN = "replica-test-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -81,7 +82,12 @@ def test_replicas_follow_each_other_and_survive_restarts_and_a_redis_outage(
             first = asyncio.create_task(
                 http.post(f"http://{a.http_url}/admin/models/classifier/versions/1/activate", headers=ADMIN)
             )
-            await asyncio.sleep(0.05)  # A is loading and warming version 1 up (it unloaded it)
+
+            async def a_is_swapping() -> bool:  # loading and warming version 1 up (it unloaded it)
+                status = await http.get(f"http://{a.http_url}/admin/models/classifier", headers=ADMIN)
+                return first.done() or status.json()["action"] is not None
+
+            assert await eventually_async(a_is_swapping, True)
             second = await http.post(f"http://{b.http_url}/admin/models/classifier/versions/1/activate",
                                      headers=ADMIN)
             return [await first, second]

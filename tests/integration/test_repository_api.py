@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from examples import models
 from services.gateway import Settings
-from services.gateway.testing import RunningGateway, running_gateway
+from tests.gateway_harness import RunningGateway, running_gateway
 from tests.repository_clients import (
     FLAVOURS,
     HOSTILE_CONFIGS,
@@ -31,6 +31,8 @@ from tests.repository_clients import (
     status,
 )
 from tests.repository_scenarios import all_ready, narrow_then_widen, unload_then_load_back
+
+pytestmark = pytest.mark.slow  # a gateway on real ports
 
 TOKEN = "repository-api-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}

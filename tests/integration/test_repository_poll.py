@@ -12,7 +12,7 @@ import pytest
 
 from examples import models
 from services.gateway import Settings
-from services.gateway.testing import running_gateway
+from tests.gateway_harness import running_gateway
 
 TOKEN = "poll-test-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}

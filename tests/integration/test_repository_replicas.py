@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -17,6 +16,7 @@ from examples import models
 from tests.gateway_process import GatewayProcess, gateway_process
 from tests.redis_server import redis_server
 from tests.repository_clients import policy
+from tests.waiting import wait_until
 
 TOKEN = "repository-replica-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -49,10 +49,7 @@ def _loaded(gateway: GatewayProcess) -> list[int]:
 
 
 def _eventually(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"the other replica did not follow: {what}"
-        time.sleep(0.05)
+    assert wait_until(check, timeout_s), f"the other replica did not follow: {what}"
 
 
 @pytest.mark.slow

@@ -19,8 +19,9 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from services.gateway import Settings
-from services.gateway.testing import RunningGateway, running_gateway
+from tests.gateway_harness import RunningGateway, running_gateway
 from tests.shaping_models import heavy_rows, shaping_repository
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.slow
 FREE = {"X-API-Key": "k-free-0123"}
@@ -201,9 +202,10 @@ def test_grpc_answers_deadline_exceeded_without_executing_when_call_deadline_pas
     finally:
         channel.close()
     assert slow.result().status_code == 200
-    time.sleep(0.1)
+    deadlines = eventually(lambda: shaped.metric("switchyard_rejected_total", model="heavy", reason="deadline"),
+                           deadlines_before + 1)
+    assert deadlines == deadlines_before + 1
     assert executions(shaped) - before == 1
-    assert shaped.metric("switchyard_rejected_total", model="heavy", reason="deadline") == deadlines_before + 1
 
 
 def test_rest_and_grpc_shed_lowest_priority_first_when_queue_full(shaped: RunningGateway, web: httpx.Client) -> None:

@@ -16,9 +16,11 @@ from tritonclient.utils import InferenceServerException
 
 from examples import models
 from services.gateway import Settings
-from services.gateway.testing import RunningGateway, running_gateway
+from tests.gateway_harness import RunningGateway, running_gateway
 from tests.shm_support import ShmObject, shm_object
 from tests.string_models import TEXT, serialized, string_repository
+
+pytestmark = pytest.mark.slow  # a gateway on real ports
 
 ROWS = 3
 FEATURES = ROWS * 32 * 4

@@ -16,8 +16,10 @@ from tritonclient.utils import InferenceServerException
 
 from examples import models
 from services.gateway import Settings
-from services.gateway.testing import RunningGateway, running_gateway
+from tests.gateway_harness import RunningGateway, running_gateway
 from tests.shm_support import ShmObject, descriptors, mappings, shm_object
+
+pytestmark = pytest.mark.slow  # a gateway on real ports
 
 CUDA_REFUSAL = (
     "CUDA shared memory is not supported by this gateway; use system shared memory or send tensors in the request"

@@ -12,7 +12,9 @@ import httpx
 import pytest
 
 from services.gateway import Settings
-from services.gateway.testing import running_gateway
+from tests.gateway_harness import running_gateway
+
+pytestmark = pytest.mark.slow  # a gateway on real ports
 
 TOKEN = "state-repair-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -33,7 +35,8 @@ def test_startup_drops_versions_not_on_disk_from_the_persisted_routing_when_the_
     }}))  # fmt: skip
     settings = Settings(repository=repository, state_path=state, port=0, grpc_port=0, repository_poll_s=0,
                         admin_token=TOKEN)  # type: ignore[arg-type]
-    with caplog.at_level(logging.ERROR, logger="services.gateway.startup"), running_gateway(settings) as gateway:
+    startup_log = caplog.at_level(logging.ERROR, logger="services.gateway.versions.startup")
+    with startup_log, running_gateway(settings) as gateway:
         url = f"http://{gateway.http_url}"
         mlp = httpx.get(f"{url}/admin/models/mlp", headers=ADMIN).json()["routing"]
         classifier = httpx.get(f"{url}/admin/models/classifier", headers=ADMIN).json()["routing"]

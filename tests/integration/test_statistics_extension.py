@@ -13,9 +13,11 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from services.gateway import Settings
-from services.gateway.testing import RunningGateway, running_gateway
+from tests.gateway_harness import RunningGateway, running_gateway
 from tests.statistics_clients import CLIENTS, Endpoint, raw_statistics, read, read_one, send
 from tests.tritonlocal.support import sample
+
+pytestmark = pytest.mark.slow  # a gateway on real ports
 
 REQUESTS, ROWS = 5, 3
 TOKEN = "statistics-admin-token"

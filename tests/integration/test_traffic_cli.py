@@ -16,9 +16,11 @@ import pytest
 from rich.console import Console
 
 from services.gateway import Settings
-from services.gateway.models_views import status_view
-from services.gateway.testing import RunningGateway, running_gateway
+from services.ops.models_views import status_view
 from tests.cli_support import FEATURES, TOKEN, cells, models, one_error_line, squeezed
+from tests.gateway_harness import RunningGateway, running_gateway
+
+pytestmark = pytest.mark.slow  # a gateway on real ports
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 

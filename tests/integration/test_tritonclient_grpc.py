@@ -10,7 +10,9 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from examples import models
-from services.gateway.testing import Reference, RunningGateway
+from tests.gateway_harness import Reference, RunningGateway
+
+pytestmark = pytest.mark.slow  # a gateway on real ports
 
 
 def test_grpc_client_reports_health_and_metadata_when_models_loaded(gateway: RunningGateway) -> None:

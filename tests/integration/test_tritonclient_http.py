@@ -9,8 +9,10 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aiohttpclient
 
 from examples import models
-from services.gateway.testing import Reference, RunningGateway
-from services.gateway.types import Array
+from services.gateway.tensors.types import Array
+from tests.gateway_harness import Reference, RunningGateway
+
+pytestmark = pytest.mark.slow  # a gateway on real ports
 
 
 def _features(batch: int, seed: int) -> Array:

@@ -23,8 +23,8 @@ from tests.tuning_support import (
     trial_threads,
     tune,
     wait_finished,
-    wait_until,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow  # real trials, measured against the clock
 

@@ -21,8 +21,8 @@ from examples.zoo import FORMATS, ZOO, ZooModel, ZooRow, export_zoo, problems
 from examples.zoo.run import markdown_table
 from exporter.parity import random_like
 from services.gateway import Settings
-from services.gateway.testing import RunningGateway, running_gateway
 from services.modelrepo.manifest import read_manifest
+from tests.gateway_harness import RunningGateway, running_gateway
 
 pytestmark = pytest.mark.slow
 

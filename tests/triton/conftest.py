@@ -1,4 +1,4 @@
-"""Fixtures for the Triton backend tests: the example models exported once, a real local Triton (CPU,
+"""Fixtures for the Triton backend tests: the example models (the session's export), a real local Triton (CPU,
 python backend) started empty in explicit mode, and the gateway with ``backend="triton"`` in front of it.
 
 Without a local Triton install (``make install``) these tests are skipped, except under ``CI``.
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from examples.export_examples import export_examples
-from services.gateway.testing import Reference, RunningGateway, onnx_reference
 from services.tritonlocal import LocalTriton, TritonInstall
+from tests.gateway_harness import Reference, RunningGateway, onnx_reference
+from tests.shared_exports import copy_examples
 from tests.triton.support import gateway_settings, local_gateway, local_triton
 from tests.tritonlocal.support import require_install
 
@@ -25,11 +25,10 @@ def install() -> TritonInstall:
 
 
 @pytest.fixture(scope="session")
-def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """classifier and mlp, versions 1 and 2 each (policy ``all``), exactly as ``make models`` writes them."""
-    root = tmp_path_factory.mktemp("model_repository")
-    export_examples(root)
-    return root
+def repository(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """classifier and mlp, versions 1 and 2 each (policy ``all``), exactly as ``make models`` writes them: a copy of
+    the session's export, without ``mlp_ts``."""
+    return copy_examples(example_repository, tmp_path_factory.mktemp("model_repository"))
 
 
 @pytest.fixture(scope="session")

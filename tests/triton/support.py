@@ -19,8 +19,8 @@ import tritonclient.grpc.aio as grpcaio
 from services.gateway import Settings
 from services.gateway.backends.triton import ConfigTransform, TritonBackend
 from services.gateway.repository import Catalog
-from services.gateway.testing import RunningGateway, running_gateway
 from services.tritonlocal import LocalTriton, TritonInstall, derive_config
+from tests.gateway_harness import RunningGateway, running_gateway
 from tests.tritonlocal.support import sample
 
 MODELS = ("classifier", "mlp")

@@ -17,10 +17,12 @@ import tritonclient.http.aio as httpaio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from services.gateway.testing import RunningGateway
 from services.tritonlocal import LocalTriton, TritonInstall
+from tests.gateway_harness import RunningGateway
 from tests.string_models import NOT_UTF8, TEXT, VOCABULARY, serialized, string_repository, strings
 from tests.triton.support import gateway_settings, local_gateway, local_triton
+
+pytestmark = pytest.mark.slow  # a local Triton
 
 
 @pytest.fixture(scope="module")

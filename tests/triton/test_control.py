@@ -13,11 +13,13 @@ import pytest
 
 from services.gateway import Settings
 from services.gateway.errors import BackendUnavailable, ModelNotFound, ModelNotReady
-from services.gateway.testing import Reference
-from services.gateway.types import InferInput, InferRequest, VersionState
+from services.gateway.tensors.types import InferInput, InferRequest, VersionState
 from services.tritonlocal import TritonInstall
+from tests.gateway_harness import Reference
 from tests.triton.support import local_triton, started_backend
 from tests.tritonlocal.support import sample
+
+pytestmark = pytest.mark.slow  # a local Triton
 
 READY = VersionState.READY
 

@@ -10,11 +10,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.gateway.testing import RunningGateway
 from services.tritonlocal import LocalTriton
+from tests.gateway_harness import RunningGateway
 from tests.triton.proxy import RecordingProxy
 from tests.triton.support import classifier_queue_flooded, gateway_settings, local_gateway, statistics
 from tests.tritonlocal.support import sample
+
+pytestmark = pytest.mark.slow  # a local Triton
 
 BUDGET_US = 100_000
 FLOOD = 10  # full 32-row classifier batches sent straight to Triton ahead of the late request

@@ -6,9 +6,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from services.tritonlocal import TritonInstall
 from tests.foreign_repository import check_engine_unavailable, check_every_model_serves, make_foreign_repository
 from tests.triton.support import gateway_settings, local_gateway, local_triton
+
+pytestmark = pytest.mark.slow  # a local Triton
 
 
 def test_triton_backend_serves_every_model_and_reports_the_engine_when_the_repository_is_foreign(

@@ -21,6 +21,8 @@ from tests.shm_attacks import (
     shrink_while_inferring,
 )
 
+pytestmark = pytest.mark.slow  # a local Triton
+
 TOKEN = "hostile-shared-memory-triton-token"
 
 

@@ -15,10 +15,12 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 
-from services.gateway.testing import Reference, RunningGateway
 from services.tritonlocal import LocalTriton
+from tests.gateway_harness import Reference, RunningGateway
 from tests.triton.support import TcpRelay, classifier_queue_flooded, gateway_settings, local_gateway, statistics
 from tests.tritonlocal.support import sample
+
+pytestmark = pytest.mark.slow  # a local Triton
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from services.tritonlocal import LocalTriton
 from tests.import_probe import probe
+
+pytestmark = pytest.mark.slow  # a local Triton
 
 
 def test_triton_gateway_imports_no_build_time_module_when_serving_onnx_models(

@@ -12,6 +12,8 @@ from services.gateway.backends.triton import identity
 from services.tritonlocal import free_port
 from tests.triton.support import gateway_settings, started_backend
 
+pytestmark = pytest.mark.slow  # the examples' export
+
 
 def copy_with_instances(source: Path, target: Path, count: int) -> Path:
     shutil.copytree(source / "mlp", target / "mlp")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -15,6 +16,9 @@ from services.tritonlocal import TritonInstall
 from tests.gateway_process import GatewayProcess, gateway_process
 from tests.redis_server import redis_server
 from tests.triton.support import local_triton
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow  # a local Triton
 
 TOKEN = "triton-replica-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -33,14 +37,10 @@ def answered_by(gateway: GatewayProcess) -> str:
     return answer.headers["x-model-version"]
 
 
-def wait(condition: object, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+def wait(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    assert wait_until(condition, timeout_s)
 
 
-@pytest.mark.slow
 def test_one_replica_drives_triton_and_the_other_follows_when_they_share_routing(
     install: TritonInstall, repository: Path, tmp_path: Path
 ) -> None:

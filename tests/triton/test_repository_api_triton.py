@@ -17,6 +17,8 @@ from tests.repository_load import loads_under_load
 from tests.repository_scenarios import all_ready, narrow_then_widen, unload_then_load_back
 from tests.triton.support import local_triton
 
+pytestmark = pytest.mark.slow  # a local Triton
+
 TOKEN = "repository-api-token"
 MLP = {"features": models.mlp_inputs(1, seed=8).numpy()}
 
@@ -64,7 +66,6 @@ async def test_repository_load_pins_triton_to_the_override_versions_when_called_
         await client.close()
 
 
-@pytest.mark.slow
 async def test_repository_loads_fail_no_request_when_32_clients_send(
     servers: tuple[LocalTriton, GatewayProcess],
 ) -> None:

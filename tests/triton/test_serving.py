@@ -12,11 +12,13 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from services.gateway.testing import Reference, RunningGateway
 from services.tritonlocal import LocalTriton
 from tests.duplicate_outputs import TIMES, answered_names
+from tests.gateway_harness import Reference, RunningGateway
 from tests.triton.support import MODELS, statistics
 from tests.tritonlocal.support import sample
+
+pytestmark = pytest.mark.slow  # a local Triton
 
 CASES = list(product(MODELS, (1, 2)))
 

@@ -14,11 +14,13 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from services.gateway.testing import Reference, RunningGateway
 from services.tritonlocal import LocalTriton
+from tests.gateway_harness import Reference, RunningGateway
 from tests.shm_support import ShmObject, shm_object
 from tests.triton.support import gateway_settings, local_gateway
 from tests.tritonlocal.support import sample
+
+pytestmark = pytest.mark.slow  # a local Triton
 
 ROWS = 2
 FEATURES = ROWS * 32 * 4

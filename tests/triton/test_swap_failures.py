@@ -5,7 +5,6 @@ listed after a scan and served once activated."""
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import httpx
@@ -17,12 +16,14 @@ from services.tritonlocal import TritonInstall
 from tests.gateway_process import gateway_process
 from tests.swap_load import activate_under_light_load
 from tests.triton.support import local_triton
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow  # a local Triton
 
 TOKEN = "triton-failure-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 
-@pytest.mark.slow
 async def test_corrupt_version_fails_at_load_and_an_exported_one_serves_when_activated(
     install: TritonInstall, repository: Path, tmp_path: Path
 ) -> None:
@@ -54,7 +55,8 @@ async def test_corrupt_version_fails_at_load_and_an_exported_one_serves_when_act
         assert result.version == 4
         scan = httpx.post(f"{url}/admin/repository/scan", headers=ADMIN).json()
         assert scan["new_versions"] == {"mlp": [4]}
-        time.sleep(0.5)  # the follower's next round links version 4 into the derived repository
+        # The follower's next round links version 4 into the derived repository.
+        assert wait_until(lambda: (server.derived_root / "mlp" / "4").exists())
         activated = httpx.post(f"{url}/admin/models/mlp/versions/4/activate", headers=ADMIN, timeout=120.0)
         assert activated.status_code == 200, activated.text
         features = models.mlp_inputs(1, seed=2).numpy().ravel().tolist()

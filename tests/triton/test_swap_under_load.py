@@ -13,8 +13,9 @@ from tests.gateway_process import gateway_process
 from tests.swap_load import PLAN, TOKEN, switch_under_load
 from tests.triton.support import local_triton
 
+pytestmark = pytest.mark.slow  # a local Triton
 
-@pytest.mark.slow
+
 async def test_switches_under_load_fail_no_request_and_misroute_none_when_32_clients_send(
     install: TritonInstall, repository: Path, tmp_path: Path
 ) -> None:

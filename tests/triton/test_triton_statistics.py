@@ -11,11 +11,13 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from services.gateway.errors import BackendUnavailable
-from services.gateway.testing import RunningGateway
 from services.tritonlocal import LocalTriton, free_port
+from tests.gateway_harness import RunningGateway
 from tests.statistics_clients import CLIENTS, Endpoint, Figures, raw_statistics, read, read_one, send, settled
 from tests.triton.support import gateway_settings, started_backend
 from tests.tritonlocal.support import sample
+
+pytestmark = pytest.mark.slow  # a local Triton
 
 REQUESTS, ROWS = 4, 3
 

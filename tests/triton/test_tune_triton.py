@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
-from services.gateway.testing import RunningGateway
 from services.gateway.tuning.hosts import trial_name
 from services.tritonlocal import LocalTriton
+from tests.gateway_harness import RunningGateway
 from tests.triton.support import gateway_settings, local_gateway
-from tests.tuning_support import TOKEN, LeakWatch, start_run, tune, wait_until
+from tests.tuning_support import TOKEN, LeakWatch, start_run, tune
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow  # real trials in a real Triton, measured against the clock
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway.testing import onnx_reference
 from services.tritonlocal import LocalTriton, TritonInstall
+from tests.gateway_harness import onnx_reference
 from tests.tritonlocal.support import Reference, require_install
 
 MODELS = ("classifier", "mlp", "mlp_ts")

@@ -11,6 +11,7 @@ import numpy.typing as npt
 import pytest
 
 from services.tritonlocal import TritonInstall
+from tests.slow_work import slow_work
 
 Array = npt.NDArray[Any]
 # (model, version, inputs) -> outputs, computed without Triton
@@ -19,6 +20,7 @@ Reference = Callable[[str, int, dict[str, Array]], dict[str, Array]]
 
 def require_install() -> TritonInstall:
     """The local Triton install; skips the test without one, unless ``CI`` is set, where that fails it."""
+    slow_work("uses the local Triton")
     found = TritonInstall.default()
     if not found.present():
         reason = f"no local Triton under {found.home}: run `make install` (deploy/triton/install.sh)"

@@ -17,6 +17,9 @@ import tritonclient.grpc as grpcclient
 
 from services.tritonlocal import LocalTriton, TritonInstall
 from tests.tritonlocal.support import sample
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow  # a local Triton
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,15 +35,6 @@ def mlp_answers(server: LocalTriton) -> bool:
         client.close()
 
 
-def wait_for(condition: object, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if callable(condition) and condition():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_start_serves_again_on_the_same_ports_when_the_server_was_killed_by_pid(
     install: TritonInstall, repository: Path, tmp_path: Path
 ) -> None:
@@ -51,7 +45,7 @@ def test_start_serves_again_on_the_same_ports_when_the_server_was_killed_by_pid(
         first_pid, ports = server.pid, server.ports
         assert first_pid is not None
         os.kill(first_pid, signal.SIGKILL)
-        assert wait_for(lambda: not server.running, 10.0)
+        assert wait_until(lambda: not server.running, 10.0)
         assert not server.ready()
 
         started = time.monotonic()
@@ -60,7 +54,7 @@ def test_start_serves_again_on_the_same_ports_when_the_server_was_killed_by_pid(
         assert server.pid != first_pid
         assert server.ports == ports
         assert mlp_answers(server)
-        assert restart_s < 10.0, f"restart took {restart_s:.1f} s"
+        assert restart_s < 30.0, f"restart took {restart_s:.1f} s"  # a few seconds; more on a loaded machine
     assert not server.running
 
 
@@ -138,7 +132,7 @@ def test_server_and_its_stubs_stop_when_the_launcher_is_killed_with_sigkill(
         assert group_alive(server_pid)
         launcher.kill()  # no atexit, no signal handler: only the watchdog can stop the server now
         launcher.wait(10)
-        stopped = wait_for(lambda: not group_alive(server_pid), 20.0)
+        stopped = wait_until(lambda: not group_alive(server_pid), 20.0)
     finally:
         if launcher.stdout is not None:
             launcher.stdout.close()

@@ -19,6 +19,8 @@ import pytest
 from services.tritonlocal.derive import derive_config
 from tests.tritonlocal.support import Array, Reference, sample
 
+pytestmark = pytest.mark.slow  # a local Triton
+
 
 class Tensor:
     def __init__(self, name: str, array: Array) -> None:

@@ -18,6 +18,8 @@ from tritonclient.utils import InferenceServerException
 from services.tritonlocal import LocalTriton, TritonStartError
 from tests.tritonlocal.support import Array, Reference, sample
 
+pytestmark = pytest.mark.slow  # a local Triton
+
 VERSIONED = [(model, version) for model in ("classifier", "mlp") for version in (1, 2)]
 
 

@@ -15,16 +15,18 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
-from services.gateway.admin.auth import AdminAuth
+from services.gateway.admin.endpoints import admin_error_response
 from services.gateway.admin.live import LiveFigures
 from services.gateway.admin.query import whole_number
-from services.gateway.errors import Conflict, GatewayError, InvalidInput, ModelNotFound, Unauthorized
-from services.gateway.manager import VersionManager
+from services.gateway.errors import Conflict, GatewayError, InvalidInput, ModelNotFound
 from services.gateway.rest.responses import JSONBytesResponse
-from services.gateway.types import VersionState
-from services.gateway.warmup import compare_versions
+from services.gateway.rest.route_table import add_route_table
+from services.gateway.shaping.admin_auth import AdminAuth
+from services.gateway.tensors.types import VersionState
+from services.gateway.versions.manager import VersionManager
+from services.gateway.versions.numbers import parse_version
+from services.gateway.versions.warmup import compare_versions
 
 UI = Path(__file__).with_name("ui")
 ASSETS = {
@@ -151,30 +153,32 @@ class Console:
 
 
 async def _answer(auth: AdminAuth, request: Request, action: Callable[[], Awaitable[dict[str, Any]]]) -> Response:
-    """The admin API's answer: the token checked first, every error as ``{"error": ...}`` with its status."""
+    """The admin API's answer: the token checked first, every error as the admin API answers it."""
     try:
         auth.check(request)
         return JSONBytesResponse(await action())
     except GatewayError as exc:
-        headers = {"WWW-Authenticate": 'Bearer realm="switchyard-admin"'} if isinstance(exc, Unauthorized) else {}
-        return JSONBytesResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
+        return admin_error_response(request, exc)
 
 
 def _version(raw: str) -> int:
-    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
-        raise InvalidInput(f"a version is a non-negative integer, got {raw!r}")
-    return int(raw)
+    """The path's version, through the one parser every route uses."""
+    version = parse_version(raw)
+    if version is None:  # the route's pattern never matches an empty segment
+        raise InvalidInput("the path names no version")
+    return version
 
 
 def add_console_routes(app: FastAPI, console: Console) -> None:
-    routes: list[tuple[str, Callable[[Request], Awaitable[Response]], str]] = [
+    # The page and its files are not API: out of the OpenAPI document (the JSON routes are in it).
+    page = [
         ("/admin/ui", console.page, "GET"),
         ("/admin/ui/", console.page, "GET"),
         ("/admin/ui/{asset}", console.asset, "GET"),
+    ]
+    add_route_table(app, page, in_schema=False)
+    api = [
         ("/admin/models/{model_name}/live", console.live, "GET"),
         ("/admin/models/{model_name}/versions/{model_version}/compare", console.compare, "POST"),
     ]
-    for path, handler, method in routes:
-        # The page and its files are not API: out of the OpenAPI document (the JSON routes are in it).
-        page = path.startswith("/admin/ui")
-        app.router.routes.append(Route(path, handler, methods=[method], include_in_schema=not page))
+    add_route_table(app, api)

@@ -10,19 +10,20 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import Response
 
-from services.gateway.admin.auth import AdminAuth
 from services.gateway.admin.query import whole_number
 from services.gateway.admin.views import model_status, overview
 from services.gateway.errors import GatewayError, InvalidInput, SwapFailed, Unauthorized
-from services.gateway.loading import load_version, unload_version
-from services.gateway.manager import VersionManager
-from services.gateway.policy import set_canary, set_shadow
-from services.gateway.rest.responses import JSONBytesResponse
+from services.gateway.rest.body import read_json_object
+from services.gateway.rest.responses import JSONBytesResponse, gateway_error_response
 from services.gateway.settings import Settings
-from services.gateway.shaping.json_limits import client_json
+from services.gateway.shaping.admin_auth import AdminAuth
 from services.gateway.state.policies import CanaryPolicy, ShadowPolicy
 from services.gateway.tuning.options import TuneOptions, TuneOptionsError
 from services.gateway.tuning.service import TuneService
+from services.gateway.versions.loading import load_version, unload_version
+from services.gateway.versions.manager import VersionManager
+from services.gateway.versions.numbers import parse_version
+from services.gateway.versions.traffic import set_canary, set_shadow
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,6 +40,7 @@ class AdminEndpoints:
         self._tuner = tuner
         self._auth = auth
         self._max_drain_s = settings.max_drain_timeout_s
+        self._max_body = settings.max_body_bytes
 
     async def models(self, request: Request) -> Response:
         return await self._answer(request, lambda actor: _ready(overview(self._manager)))
@@ -48,7 +50,7 @@ class AdminEndpoints:
 
     async def activate(self, request: Request) -> Response:
         async def act(actor: str) -> Any:
-            options = self._options(await request.body(), _SWITCH_OPTIONS)
+            options = self._options(await self._body(request), _SWITCH_OPTIONS)
             report = await self._manager.activate(_model(request), _version(request), actor=actor, **options)
             return report.to_json()
 
@@ -56,21 +58,21 @@ class AdminEndpoints:
 
     async def rollback(self, request: Request) -> Response:
         async def act(actor: str) -> Any:
-            options = self._options(await request.body(), _SWITCH_OPTIONS)
+            options = self._options(await self._body(request), _SWITCH_OPTIONS)
             return (await self._manager.rollback(_model(request), actor=actor, **options)).to_json()
 
         return await self._answer(request, act)
 
     async def load(self, request: Request) -> Response:
         async def act(actor: str) -> Any:
-            self._options(await request.body(), {})
+            self._options(await self._body(request), {})
             return (await load_version(self._manager, _model(request), _version(request), actor=actor)).to_json()
 
         return await self._answer(request, act)
 
     async def unload(self, request: Request) -> Response:
         async def act(actor: str) -> Any:
-            options = self._options(await request.body(), _UNLOAD_OPTIONS)
+            options = self._options(await self._body(request), _UNLOAD_OPTIONS)
             report = await unload_version(self._manager, _model(request), _version(request), actor=actor, **options)
             return report.to_json()
 
@@ -78,7 +80,7 @@ class AdminEndpoints:
 
     async def traffic(self, request: Request) -> Response:
         async def act(actor: str) -> Any:
-            fields = _json_object(await request.body())
+            fields = await self._body(request)
             if fields.get("canary") is None:
                 canary = None
             else:
@@ -90,7 +92,7 @@ class AdminEndpoints:
 
     async def shadow(self, request: Request) -> Response:
         async def act(actor: str) -> Any:
-            fields = _json_object(await request.body())
+            fields = await self._body(request)
             shadow = None if fields.get("version") is None else _parsed(ShadowPolicy.from_json, fields, set())
             return (await set_shadow(self._manager, _model(request), shadow, actor)).to_json()
 
@@ -114,7 +116,7 @@ class AdminEndpoints:
         async def act(actor: str) -> Any:
             tuner = self._tuning()
             try:
-                options = TuneOptions.from_json(_json_object(await request.body()))
+                options = TuneOptions.from_json(await self._body(request))
             except TuneOptionsError as exc:
                 raise InvalidInput(str(exc)) from None
             return tuner.start(_model(request), options, actor).to_json()
@@ -137,23 +139,13 @@ class AdminEndpoints:
             actor = self._auth.check(request)
             return JSONBytesResponse(await action(actor))
         except GatewayError as exc:
-            body: dict[str, Any] = {"error": str(exc)}
-            headers = {}
-            if isinstance(exc, SwapFailed):
-                body["step"] = exc.step
-            if isinstance(exc, Unauthorized):
-                headers["WWW-Authenticate"] = 'Bearer realm="switchyard-admin"'
-            if exc.status >= 500 and exc.status != 503:
-                log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc)
-            return JSONBytesResponse(body, status_code=exc.status, headers=headers)
+            return admin_error_response(request, exc)
 
-    def _options(self, body: bytes, allowed: dict[str, type]) -> dict[str, Any]:
-        """The optional JSON body: an object with only the allowed keys, each of its type."""
-        if not body.strip():
-            return {}
-        data = client_json(body, "the request body")
-        if not isinstance(data, dict):
-            raise InvalidInput("the request body must be a JSON object")
+    async def _body(self, request: Request) -> dict[str, Any]:
+        return await read_json_object(request, self._max_body)
+
+    def _options(self, data: dict[str, Any], allowed: dict[str, type]) -> dict[str, Any]:
+        """The optional JSON body's options: only the allowed keys, each of its type."""
         names = ", ".join(allowed) or "none"
         options: dict[str, Any] = {}
         for key, value in data.items():
@@ -170,11 +162,15 @@ class AdminEndpoints:
         return options
 
 
-def _json_object(body: bytes) -> dict[str, Any]:
-    data = client_json(body or b"null", "the request body")
-    if not isinstance(data, dict):
-        raise InvalidInput("the request body must be a JSON object")
-    return data
+def admin_error_response(request: Request, exc: GatewayError) -> Response:
+    """The admin API's answer to an error: the common error response (``Retry-After``, ``X-Request-Id``, the
+    error's headers), the failed step of a version action beside the message, the bearer challenge on a 401."""
+    response = gateway_error_response(exc, fields={"step": exc.step} if isinstance(exc, SwapFailed) else None)
+    if isinstance(exc, Unauthorized):
+        response.headers["WWW-Authenticate"] = 'Bearer realm="switchyard-admin"'
+    if exc.status >= 500 and exc.status != 503:
+        log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc)
+    return response
 
 
 def _parsed(parse: Callable[[object], T], fields: dict[str, Any], internal: set[str]) -> T:
@@ -196,7 +192,8 @@ def _model(request: Request) -> str:
 
 
 def _version(request: Request) -> int:
-    raw = str(request.path_params["model_version"])
-    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
-        raise InvalidInput(f"a version is a non-negative integer, got {raw!r}")
-    return int(raw)
+    """The path's version, through the one parser every route uses (no ``0``, no ``01``)."""
+    version = parse_version(str(request.path_params["model_version"]))
+    if version is None:  # the route's pattern never matches an empty segment
+        raise InvalidInput("the path names no version")
+    return version

@@ -3,8 +3,7 @@ digits are counted before ``int()`` sees them, which in Python 3.11 raises on mo
 
 from __future__ import annotations
 
-from services.gateway.errors import InvalidInput
-from services.gateway.versions import shown
+from services.gateway.errors import InvalidInput, shown
 
 
 def whole_number(raw: str | None, name: str, *, default: int, most: int) -> int:

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 from fastapi import FastAPI
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from services.gateway.admin.endpoints import AdminEndpoints
-
-Handler = Callable[[Request], Awaitable[Response]]
+from services.gateway.rest.route_table import add_route_table
 
 
 def add_admin_routes(app: FastAPI, endpoints: AdminEndpoints) -> None:
-    routes: list[tuple[str, Handler, str]] = [
+    add_route_table(app, [
         ("/admin/models", endpoints.models, "GET"),
         ("/admin/models/{model_name}", endpoints.model, "GET"),
         ("/admin/models/{model_name}/events", endpoints.events, "GET"),
@@ -26,9 +20,6 @@ def add_admin_routes(app: FastAPI, endpoints: AdminEndpoints) -> None:
         ("/admin/models/{model_name}/versions/{model_version}/load", endpoints.load, "POST"),
         ("/admin/models/{model_name}/versions/{model_version}/unload", endpoints.unload, "POST"),
         ("/admin/repository/scan", endpoints.scan, "POST"),
-    ]
-    for path, handler, method in routes:
-        app.router.routes.append(Route(path, handler, methods=[method]))
-    tune = "/admin/models/{model_name}/tune"
-    for handler, method in ((endpoints.tune_start, "POST"), (endpoints.tune_status, "GET")):
-        app.router.routes.append(Route(tune, handler, methods=[method]))
+        ("/admin/models/{model_name}/tune", endpoints.tune_start, "POST"),
+        ("/admin/models/{model_name}/tune", endpoints.tune_status, "GET"),
+    ])

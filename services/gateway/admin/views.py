@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from services.gateway.manager import VersionManager
+from services.gateway.versions.manager import VersionManager
 
 
 def model_status(manager: VersionManager, model: str) -> dict[str, Any]:

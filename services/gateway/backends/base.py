@@ -7,7 +7,7 @@ from typing import Protocol
 
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from services.gateway.types import InferRequest, InferResponse, ModelMetadata, VersionState
+from services.gateway.tensors.types import InferRequest, InferResponse, ModelMetadata, VersionState
 
 
 class Backend(Protocol):

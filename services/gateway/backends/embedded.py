@@ -18,12 +18,11 @@ from services.gateway import repository
 from services.gateway.backends.base import describe_problem
 from services.gateway.backends.placement import Placement
 from services.gateway.backends.runners import Runner, UnsupportedModel, build_runner, check_supported, runtime_inputs
-from services.gateway.batch_policy import BatchPolicy, ExecutedBatch, Observer
-from services.gateway.batcher import DynamicBatcher
+from services.gateway.batching.batcher import BatchPolicy, DynamicBatcher, ExecutedBatch, Observer
 from services.gateway.errors import GatewayError, ModelNotFound, ModelNotReady
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.statistics import VersionStatistics
-from services.gateway.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
+from services.gateway.tensors.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
 from services.modelrepo import layout
 
 log = logging.getLogger(__name__)

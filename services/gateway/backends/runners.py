@@ -17,9 +17,9 @@ import onnxruntime as ort
 from tritonclient.grpc import model_config_pb2
 
 from services.extras import require
-from services.gateway.bytes_tensors import BYTES, decoded, encoded, is_bytes
 from services.gateway.errors import InvalidInput
-from services.gateway.types import Array, InferInput
+from services.gateway.tensors.bytes_codec import BYTES, decoded, encoded, is_bytes
+from services.gateway.tensors.types import Array, InferInput
 from services.modelrepo import layout
 
 

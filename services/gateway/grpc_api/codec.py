@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from services.gateway import versions
-from services.gateway.bytes_tensors import BYTES, deserialize
-from services.gateway.datatypes import checked_shape, narrow, numpy_dtype, shaped
 from services.gateway.errors import InvalidInput
 from services.gateway.grpc_api.shared_memory import output_regions, put_parameters, region_input, shared_parameters
-from services.gateway.region_tensors import NO_REGIONS, TensorRegions
-from services.gateway.types import InferInput, InferRequest, InferResponse, ModelMetadata, raw_bytes
+from services.gateway.tensors.bytes_codec import BYTES, deserialize, raw_bytes
+from services.gateway.tensors.datatypes import checked_shape, narrow, numpy_dtype, shaped
+from services.gateway.tensors.regions import NO_REGIONS, TensorRegions
+from services.gateway.tensors.types import InferInput, InferRequest, InferResponse, ModelMetadata
+from services.gateway.versions.numbers import parse_version
 
 _CONTENTS = {
     "BOOL": "bool_contents",
@@ -48,11 +48,6 @@ _FIELD_DTYPES = {
 _INTEGER_PARAMS = ("int64_param", "uint64_param")
 
 
-def parse_version(model: str, raw: str) -> int | None:
-    """``versions.parse_version``; kept with the model argument because the servicer calls it this way."""
-    return versions.parse_version(raw)
-
-
 def decode_request(message: Any, regions: TensorRegions = NO_REGIONS) -> InferRequest:
     """``regions``: the caller's shared-memory regions, which tensor parameters may name."""
     raw = message.raw_input_contents
@@ -72,7 +67,7 @@ def decode_request(message: Any, regions: TensorRegions = NO_REGIONS) -> InferRe
     raw_version = message.model_version
     return InferRequest(
         model=message.model_name,
-        version=versions.parse_version(raw_version) if raw_version else None,
+        version=parse_version(raw_version) if raw_version else None,
         inputs=inputs,
         id=message.id,
         outputs=tuple(dict.fromkeys([o.name for o in outputs])) if outputs else None,  # twice named, once answered

@@ -46,6 +46,11 @@ class GenericHandlersOnly:
         return None  # the same table the generic handler holds
 
 
+def receive_limit(max_message_bytes: int) -> int:
+    """What gRPC itself accepts: twice the gateway's limit (at least 1 MiB more), within gRPC's int32 option."""
+    return min(max_message_bytes + max(max_message_bytes, 1 << 20), 2**31 - 1)
+
+
 async def start_server(
     dataplane: DataPlane,
     host: str,
@@ -64,7 +69,11 @@ async def start_server(
     long gets GOAWAY and closes; ``handshake_timeout_s``: a connection that has not completed the HTTP/2 handshake by
     then is closed (a silent socket). None: gRPC's defaults (never, and 120 s)."""
     options: list[tuple[str, int]] = [
-        ("grpc.max_receive_message_length", max_message_bytes),
+        # gRPC's own limit sits above the gateway's so that a message over ``max_message_bytes`` reaches the
+        # admission step, which refuses it (RESOURCE_EXHAUSTED) and counts it as REST counts a 413. Beyond twice
+        # the limit gRPC refuses it itself while it arrives, uncounted, so that no client makes the gateway hold
+        # an unbounded message.
+        ("grpc.max_receive_message_length", receive_limit(max_message_bytes)),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),
         ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -13,16 +11,17 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from services.gateway.dataplane import DataPlane
-from services.gateway.errors import DeadlineExceeded, GatewayError, ModelNotFound
+from services.gateway.errors import DeadlineExceeded, GatewayError, ModelNotFound, unexpected
 from services.gateway.grpc_api import shared_memory
-from services.gateway.grpc_api.codec import decode_request, encode_metadata, encode_response, parse_version
+from services.gateway.grpc_api.codec import decode_request, encode_metadata, encode_response
 from services.gateway.grpc_api.repository import RepositoryService
-from services.gateway.region_tensors import tensor_regions
 from services.gateway.repository_api import RepositoryApi
-from services.gateway.shaping.keys import ANONYMOUS
+from services.gateway.shaping.shaper import Admitted
+from services.gateway.tensors.regions import tensor_regions
+from services.gateway.versions.numbers import parse_version
 
-log = logging.getLogger(__name__)
 PROTOCOL = "grpc"
+DEADLINE_SLACK_S = 0.05
 T = TypeVar("T")
 
 STATUS_CODES = {
@@ -60,23 +59,23 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         async def call() -> Any:
             self._dataplane.shaper.authenticate_metadata(_metadata(context)("x-api-key"))
-            version = parse_version(request.name, request.version)  # a malformed one is INVALID_ARGUMENT
+            version = parse_version(request.version)  # a malformed one is INVALID_ARGUMENT
             try:
                 ready = await self._dataplane.model_ready(request.name, version)
             except ModelNotFound:  # Triton answers ready=false here rather than an error
                 ready = False
             return service_pb2.ModelReadyResponse(ready=ready)
 
-        return await _guard(context, call)
+        return await self._guard(request, context, call)
 
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        return await _guard(context, lambda: self._repository.index(request, _metadata(context)))
+        return await self._guard(request, context, lambda: self._repository.index(request, _metadata(context)))
 
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        return await _guard(context, lambda: self._repository.load(request, _metadata(context)))
+        return await self._guard(request, context, lambda: self._repository.load(request, _metadata(context)))
 
     async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        return await _guard(context, lambda: self._repository.unload(request, _metadata(context)))
+        return await self._guard(request, context, lambda: self._repository.unload(request, _metadata(context)))
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         meta = self._dataplane.server_metadata()
@@ -89,30 +88,30 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         async def call() -> Any:
             self._dataplane.shaper.authenticate_metadata(_metadata(context)("x-api-key"))
-            version = parse_version(request.name, request.version)
+            version = parse_version(request.version)
             return encode_metadata(await self._dataplane.model_metadata(request.name, version))
 
-        return await _guard(context, call)
+        return await self._guard(request, context, call)
 
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         async def call() -> Any:
             self._dataplane.shaper.authenticate_metadata(_metadata(context)("x-api-key"))
-            version = parse_version(request.name, request.version)
+            version = parse_version(request.version)
             config = await self._dataplane.model_config(request.name, version)
             return service_pb2.ModelConfigResponse(config=config)
 
-        return await _guard(context, call)
+        return await self._guard(request, context, call)
 
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         """Triton's figures only: the message has no field for the gateway's hop (the HTTP answer and /metrics do)."""
 
         async def call() -> Any:
             self._dataplane.shaper.authenticate_metadata(_metadata(context)("x-api-key"))
-            version = parse_version(request.name, request.version)
+            version = parse_version(request.version)
             report = await self._dataplane.statistics(request.name, version)
             return service_pb2.ModelStatisticsResponse(model_stats=report.model_stats)
 
-        return await _guard(context, call)
+        return await self._guard(request, context, call)
 
     async def SystemSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         return await _guard(
@@ -130,13 +129,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         )
 
     async def CudaSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        return await _guard(context, lambda: shared_memory.cuda_status(request))
+        return await self._guard(request, context, lambda: shared_memory.cuda_status(request))
 
     async def CudaSharedMemoryRegister(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        return await _guard(context, lambda: shared_memory.cuda_register(request))
+        return await self._guard(request, context, lambda: shared_memory.cuda_register(request))
 
     async def CudaSharedMemoryUnregister(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        return await _guard(context, lambda: shared_memory.cuda_unregister(request))
+        return await self._guard(request, context, lambda: shared_memory.cuda_unregister(request))
+
+    async def _guard(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[T]]
+    ) -> T:
+        """The size check every message gets (``ModelInfer``'s is in its admission step), then the call, guarded."""
+
+        async def checked() -> T:
+            self._dataplane.shaper.check_size(request.ByteSize(), PROTOCOL)
+            return await call()
+
+        return await _guard(context, checked)
 
     def _tenant(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
         return self._dataplane.shaper.authenticate(_metadata(context)("x-api-key"))
@@ -146,37 +156,47 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         dataplane = self._dataplane
         shaper = dataplane.shaper
         lookup = _Metadata(context).get
-        tenant = ANONYMOUS
-        limits = None
+        admitted = Admitted()
         try:
-            if shaper.keys.enabled:
-                tenant = shaper.authenticate(lookup("x-api-key"))
-            if shaper.limiter is not None:
-                limits = await shaper.rate_limit(tenant, request.model_name)
-            decoded = decode_request(request, tensor_regions(dataplane.regions, tenant))
-            decoded.tenant = tenant
-            budget = shaper.deadlines.budget(decoded.timeout_s, None, context.time_remaining())
-            if budget is not None:
-                decoded.budget_s, decoded.deadline = budget, started + budget
-            decoded.priority = shaper.priorities.rank(decoded.priority, None)
+            size = request.ByteSize()
+            await shaper.admit(admitted, request.model_name, PROTOCOL, api_key=lookup("x-api-key"), size=size)
+            decoded = decode_request(request, tensor_regions(dataplane.regions, admitted.tenant))
+            timeout, priority, remaining = lookup("x-request-timeout"), lookup("x-priority"), context.time_remaining()
+            shaper.shape(decoded, admitted, started, timeout=timeout, priority=priority, call_remaining_s=remaining)
         except GatewayError as exc:
-            dataplane.record_error(request.model_name, request.model_version, PROTOCOL, exc, tenant)
+            dataplane.record_error(request.model_name, request.model_version, PROTOCOL, exc, admitted.tenant)
             return await _abort(context, exc)
+        except Exception as exc:
+            return await self._unexpected(context, exc, request.model_name, request.model_version, admitted.tenant)
         try:
             response = await dataplane.infer(decoded, protocol=PROTOCOL, header=lookup)
         except GatewayError as exc:  # counted by the dataplane
             return await _abort(context, exc)
         except asyncio.CancelledError:
             # gRPC cancels the call when its deadline passes, and that can come before the gateway's own timer for
-            # the same instant: count it as the deadline refusal it is (a client's own cancel is not one).
+            # the same instant. The client's clock started earlier than the server's (by the call's way in), so its
+            # cancel may arrive a little before the server's deadline: within ``DEADLINE_SLACK_S`` of it, count it
+            # as the deadline refusal it is; a client's own cancel earlier than that is not one.
             remaining = context.time_remaining()
-            if remaining is not None and remaining <= 0:
+            if remaining is not None and remaining <= DEADLINE_SLACK_S:
                 expired = DeadlineExceeded(f"request to model '{decoded.model}': its deadline passed")
-                dataplane.record_error(decoded.model, decoded.version, PROTOCOL, expired, tenant)
+                dataplane.record_error(decoded.model, decoded.version, PROTOCOL, expired, admitted.tenant)
             raise
-        if limits:
-            context.set_trailing_metadata(tuple((name.lower(), value) for name, value in limits.items()))
-        return encode_response(response)
+        try:
+            answer = encode_response(response)
+        except Exception as exc:
+            return await self._unexpected(context, exc, decoded.model, decoded.version, admitted.tenant)
+        if admitted.limits:
+            context.set_trailing_metadata(tuple((name.lower(), value) for name, value in admitted.limits.items()))
+        return answer
+
+    async def _unexpected(
+        self, context: grpc.aio.ServicerContext[Any, Any], exc: Exception, model: str, version: Any, tenant: str
+    ) -> Any:
+        """A bug on the way in or out: a counted ``INTERNAL`` naming the request id its traceback is logged under."""
+        error = unexpected(exc, "a gRPC ModelInfer call")
+        self._dataplane.record_error(model, version, PROTOCOL, error, tenant)
+        return await _abort(context, error)
 
 
 class _Metadata:
@@ -199,18 +219,13 @@ def _metadata(context: grpc.aio.ServicerContext[Any, Any]) -> Callable[[str], st
 
 
 async def _guard(context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[T]]) -> T:
+    """Any call but inference: its ``GatewayError`` as the matching code, a bug as ``INTERNAL`` with a request id."""
     try:
         return await call()
     except GatewayError as exc:
         await _abort(context, exc)
-    except Exception:
-        request_id = uuid.uuid4().hex[:16]
-        log.exception("request %s: unexpected error in a gRPC call", request_id)
-        await context.abort(
-            grpc.StatusCode.INTERNAL,
-            f"internal server error (request id {request_id})",
-            trailing_metadata=(("x-request-id", request_id),),
-        )
+    except Exception as exc:
+        await _abort(context, unexpected(exc, "a gRPC call"))
     raise AssertionError("unreachable: context.abort raises")
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 from tritonclient.grpc import service_pb2
 
-from services.gateway.datatypes import checked_shape, numpy_dtype
 from services.gateway.errors import InvalidInput
-from services.gateway.region_tensors import KEYS, RegionSlice, TensorRegions
-from services.gateway.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegions
-from services.gateway.types import InferInput
+from services.gateway.tensors.datatypes import checked_shape, numpy_dtype
+from services.gateway.tensors.regions import TensorRegions
+from services.gateway.tensors.shared_memory import CUDA_UNSUPPORTED, KEYS, RegionSlice, SharedMemoryRegions
+from services.gateway.tensors.types import InferInput
 
 _VALUES = ("string_param", "int64_param", "uint64_param", "bool_param", "double_param")
 

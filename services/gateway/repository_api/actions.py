@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING, Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from services.gateway.errors import GatewayError, InvalidInput, ModelNotFound
-from services.gateway.follow import scan_repository
-from services.gateway.progress import ActionReport, Steps
-from services.gateway.reports import failed
 from services.gateway.repository import ModelEntry, read_entry
 from services.gateway.repository_api.overrides import apply_override, describe_policy
 from services.gateway.state import Event, RoutingRecord
-from services.gateway.types import VersionState
+from services.gateway.tensors.types import VersionState
+from services.gateway.versions.follow import scan_repository
+from services.gateway.versions.progress import ActionReport, Steps
+from services.gateway.versions.reports import failed
 from services.modelrepo.config import select_versions
 
 if TYPE_CHECKING:
-    from services.gateway.manager import VersionManager
+    from services.gateway.versions.manager import VersionManager
 
 log = logging.getLogger(__name__)
 LOAD, UNLOAD = "repository_load", "repository_unload"

@@ -7,13 +7,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from services.gateway.errors import InvalidInput
-from services.gateway.progress import ActionReport
 from services.gateway.repository_api.actions import RepositoryActions
 from services.gateway.repository_api.auth import RepositoryAuth
 from services.gateway.repository_api.index import IndexEntry, repository_index
+from services.gateway.versions.progress import ActionReport
 
 if TYPE_CHECKING:
-    from services.gateway.manager import VersionManager
+    from services.gateway.versions.manager import VersionManager
 
 Parameter = bool | int | str | bytes
 """A request parameter's value: a JSON scalar on HTTP, one of ``ModelRepositoryParameter``'s fields on gRPC."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from services.gateway.admin.auth import AdminAuth
 from services.gateway.errors import Forbidden, Unauthorized
+from services.gateway.shaping.admin_auth import AdminAuth
 
 ACTOR = "repository-api"
 """The audit log's actor of a repository call (followed by the token's fingerprint when one was checked)."""

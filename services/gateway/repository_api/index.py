@@ -7,11 +7,11 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from services.gateway.routing import UNLOADED
-from services.gateway.types import VersionState
+from services.gateway.tensors.types import VersionState
+from services.gateway.versions.routing import UNLOADED
 
 if TYPE_CHECKING:
-    from services.gateway.manager import VersionManager
+    from services.gateway.versions.manager import VersionManager
 
 READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
 _LOAD_STEPS = ("load", "warmup")

@@ -3,7 +3,7 @@ failure the v2 error shape."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 
 from fastapi import FastAPI, Request, Response
 from starlette.exceptions import HTTPException
@@ -13,8 +13,9 @@ from services.gateway.errors import GatewayError
 from services.gateway.rest.endpoints import Endpoints
 from services.gateway.rest.lane import InferLane, LaneEndpoint
 from services.gateway.rest.responses import error_response, gateway_error_response, internal_error
+from services.gateway.rest.route_table import Handler, add_route_table
 
-Handler = Callable[[Request], Awaitable[Response]]
+__all__ = ["Handler", "add_routes", "add_v2_routes"]  # Handler too: the extensions' route tables name it from here
 
 
 def add_routes(app: FastAPI, endpoints: Endpoints, lane: InferLane) -> None:
@@ -47,9 +48,7 @@ def add_routes(app: FastAPI, endpoints: Endpoints, lane: InferLane) -> None:
 
 def add_v2_routes(app: FastAPI, routes: Iterable[tuple[str, Handler, str]]) -> None:
     """``(path, handler, method)`` routes that answer every failure in the v2 error shape (extensions use it too)."""
-    # Plain Starlette routes: no dependency injection or body models on the hot path, the codec parses.
-    for path, handler, method in routes:
-        app.router.routes.append(Route(path, _guarded(handler), methods=[method]))
+    add_route_table(app, ((path, _guarded(handler), method) for path, handler, method in routes))
 
 
 def _guarded(handler: Handler) -> Handler:

@@ -4,21 +4,30 @@ lane and Starlette routes (``request.receive``) share it."""
 
 from __future__ import annotations
 
-from starlette.requests import ClientDisconnect
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive
 
 from services.gateway.errors import InvalidInput, PayloadTooLarge
+from services.gateway.shaping.json_limits import client_json
+
+
+def declared_length(declared: bytes | str | None) -> int | None:
+    """The ``Content-Length`` as a number (``None`` when absent); 400 when it is not one."""
+    if declared is None:
+        return None
+    text = declared if isinstance(declared, str) else declared.decode("latin-1")
+    if not (text.isascii() and text.isdigit()):
+        raise InvalidInput(f"Content-Length must be a number of bytes, got {text[:40]!r}")
+    return int(text) if len(text) <= 18 else 10**18  # beyond any limit; int() never sees a huge string
 
 
 def check_length(declared: bytes | str | None, limit: int) -> None:
     """413 from the declared ``Content-Length`` alone, before a byte of the body is read."""
-    if declared is None:
-        return
-    text = declared if isinstance(declared, str) else declared.decode("latin-1")
-    if not (text.isascii() and text.isdigit()):
-        raise InvalidInput(f"Content-Length must be a number of bytes, got {text[:40]!r}")
-    if len(text) > 18 or int(text) > limit:
-        raise _too_large(f"request body of {text} bytes exceeds the {limit} byte limit")
+    length = declared_length(declared)
+    if length is not None and length > limit:
+        raise _too_large(f"request body of {length} bytes exceeds the {limit} byte limit")
 
 
 async def read_body(receive: Receive, limit: int) -> bytes:
@@ -54,3 +63,22 @@ def _check_size(size: int, limit: int) -> None:
 def _too_large(message: str) -> PayloadTooLarge:
     # The rest of the body stays unread: the connection cannot carry another request, say so.
     return PayloadTooLarge(message, headers={"Connection": "close"})
+
+
+async def read_json_object(
+    request: Request, limit: int, *, what: str = "the request body", allowed: set[str] | None = None
+) -> dict[str, Any]:
+    """The JSON object a route takes (admin, repository, shared memory): its size checked against ``limit`` (the
+    configured ``max_body_bytes``) before and while it arrives, parsed with the depth and number bounds of
+    ``client_json``; an empty body is ``{}``. With ``allowed``, any other key is refused by name."""
+    check_length(request.headers.get("content-length"), limit)
+    raw = await read_body(request.receive, limit)
+    if not raw.strip():
+        return {}
+    data = client_json(raw, what)
+    if not isinstance(data, dict):
+        raise InvalidInput(f"{what} must be a JSON object")
+    if allowed is not None:
+        for key in sorted(set(data) - allowed):
+            raise InvalidInput(f"unknown field {key!r} in {what}; expected: {', '.join(sorted(allowed)) or 'none'}")
+    return data

@@ -13,13 +13,14 @@ from typing import Any
 import numpy as np
 import orjson
 
-from services.gateway.bytes_tensors import BYTES, from_binary, has_json_form
-from services.gateway.datatypes import checked_shape, numpy_dtype, shaped
-from services.gateway.errors import InvalidInput
-from services.gateway.region_tensors import NO_REGIONS, RegionSlice, TensorRegions, names_region
+from services.gateway.errors import InvalidInput, shown
 from services.gateway.rest.values import described, from_json, native_json, to_json
-from services.gateway.types import Array, InferInput, InferRequest, InferResponse, as_bytes
-from services.gateway.versions import MAX_DIGITS, shown
+from services.gateway.tensors.bytes_codec import BYTES, as_bytes, from_binary, has_json_form
+from services.gateway.tensors.datatypes import checked_shape, numpy_dtype, shaped
+from services.gateway.tensors.regions import NO_REGIONS, TensorRegions, names_region
+from services.gateway.tensors.shared_memory import RegionSlice
+from services.gateway.tensors.types import Array, InferInput, InferRequest, InferResponse
+from services.gateway.versions.numbers import MAX_DIGITS
 
 HEADER_LENGTH = "inference-header-content-length"
 _INT = frozenset({int})

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
 from http import HTTPStatus
 from typing import TYPE_CHECKING, cast
 
 from starlette.types import Message, Scope
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from services.gateway.rest.answer_head import AnswerHeaders
 
 if TYPE_CHECKING:
     from services.gateway.rest.lane import InferLane
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 """What a header value must not hold (it would split the head): the check uvicorn makes on every value."""
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9a-zA-Z]+")
+"""What a header name must be (an HTTP token): the check uvicorn makes on every name."""
 _STATUS_LINES: dict[int, bytes] = {}
 
 
@@ -35,39 +38,6 @@ class _DefaultHeaders:
     rendered: tuple[object, bytes] = (None, b"")
     """The server's default headers (a list uvicorn replaces when the date changes) and their bytes, as one value
     so that a server on another thread never reads one's list with the other's bytes."""
-
-
-class AnswerHeaders:
-    """An inference answer's own headers, from constants and integers, with a ``content-length`` that is its body's:
-    the direct answer writes ``rendered()`` as it is; any other server iterates the ``(name, value)`` pairs."""
-
-    __slots__ = ("length", "version", "header_length")
-
-    def __init__(self, length: int, version: int, header_length: int | None) -> None:
-        self.length = length
-        self.version = version
-        self.header_length = header_length
-        """The JSON part's length when binary outputs follow it (``None``: the body is all JSON)."""
-
-    def rendered(self) -> bytes:
-        if self.header_length is None:
-            return _JSON_HEAD % (self.length, self.version)
-        return _BINARY_HEAD % (self.length, self.version, self.header_length)
-
-    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
-        header_length = self.header_length
-        yield b"content-type", b"application/json" if header_length is None else b"application/octet-stream"
-        yield b"content-length", b"%d" % self.length
-        yield b"x-model-version", b"%d" % self.version
-        if header_length is not None:
-            yield b"inference-header-content-length", b"%d" % header_length
-
-
-_JSON_HEAD = b"content-type: application/json\r\ncontent-length: %d\r\nx-model-version: %d\r\n"
-_BINARY_HEAD = (
-    b"content-type: application/octet-stream\r\ncontent-length: %d\r\nx-model-version: %d\r\n"
-    b"inference-header-content-length: %d\r\n"
-)
 
 
 def status_line(status: int) -> bytes:
@@ -169,6 +139,8 @@ class DirectAnswer:
         parts = [status_line(start["status"]), defaults]
         has_length = has_close = False
         for name, value in start.get("headers", ()):
+            if not _TOKEN.fullmatch(name):
+                raise RuntimeError(f"invalid name of response header {name!r}")
             if _CONTROL.search(value):
                 raise RuntimeError(f"invalid value of response header {name!r}")
             if name == b"content-length":

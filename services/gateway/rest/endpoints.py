@@ -12,8 +12,8 @@ from starlette.responses import Response
 from services.gateway.dataplane import DataPlane
 from services.gateway.rest.messages import message_json
 from services.gateway.rest.responses import JSONBytesResponse, error_response
-from services.gateway.types import ModelMetadata
-from services.gateway.versions import parse_version
+from services.gateway.tensors.types import ModelMetadata
+from services.gateway.versions.numbers import parse_version
 
 
 class Endpoints:

@@ -3,8 +3,9 @@
 Every other route goes through FastAPI (docs, admin, health, metadata). Inference skips its middleware stack,
 route table, ``Request`` and ``Response`` objects and their per-request wrappers: measured, those took more CPU per
 request than decoding, validating, batching and running the model together. A request goes through the same checks
-as on any route, in DESIGN.md's order, with the same errors and counts; the routes stay in FastAPI's table too
-(``LaneEndpoint``), so other methods get 405 and the OpenAPI document lists them.
+as on any route: the admission step (``Shaper.admit`` / ``Shaper.shape``) the gRPC servicer runs too, with the same
+errors and counts (docs/architecture.md, "Admission"). The routes stay in FastAPI's table too (``LaneEndpoint``), so
+other methods get 405 and the OpenAPI document lists them.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from services.gateway.dataplane import DataPlane
-from services.gateway.errors import GatewayError
-from services.gateway.region_tensors import tensor_regions
-from services.gateway.rest.body import check_length, read_body
+from services.gateway.errors import GatewayError, unexpected
+from services.gateway.rest.answer_head import AnswerHeaders
+from services.gateway.rest.body import declared_length, read_body
 from services.gateway.rest.codec import decode_request, encode_response
-from services.gateway.rest.direct import AnswerHeaders
-from services.gateway.rest.responses import gateway_error_response, internal_error
-from services.gateway.shaping.keys import ANONYMOUS
-from services.gateway.versions import parse_version
+from services.gateway.rest.responses import gateway_error_response
+from services.gateway.shaping.shaper import Admitted
+from services.gateway.tensors.regions import tensor_regions
+from services.gateway.versions.numbers import parse_version
 
 PROTOCOL = "http"
 DISCONNECTED = 499
@@ -84,57 +85,58 @@ class InferLane:
         dataplane = self._dataplane
         # First occurrence wins, as with Starlette's Headers.get: one pass, then dict lookups.
         headers: dict[bytes, bytes] = dict(reversed(scope["headers"]))
-        tenant = ANONYMOUS
+        admitted = Admitted()
         shaper = dataplane.shaper
         try:
-            version = None if raw_version is None else parse_version(raw_version)
-            check_length(headers.get(b"content-length"), self._max_body)
-            if shaper.keys.enabled:
-                tenant = shaper.authenticate(_text(headers.get(b"x-api-key")))
-            limits = await shaper.rate_limit(tenant, model) if shaper.limiter is not None else None
+            size = declared_length(headers.get(b"content-length"))
+            await shaper.admit(admitted, model, PROTOCOL, api_key=_text(headers.get(b"x-api-key")), size=size)
+            version = None if raw_version is None else parse_version(raw_version)  # decoding, as gRPC's field
             body = await read_body(receive, self._max_body)
-            regions = tensor_regions(dataplane.regions, tenant)
+            regions = tensor_regions(dataplane.regions, admitted.tenant)
             header_length = headers.get(b"inference-header-content-length")
             request, fmt = decode_request(
                 body, None if header_length is None else header_length.decode("latin-1"), model, version, regions
             )
-            request.tenant = tenant
-            timeout = headers.get(b"x-request-timeout")
-            budget = shaper.deadlines.budget(request.timeout_s, _text(timeout), None)
-            if budget is not None:
-                request.budget_s, request.deadline = budget, started + budget
-            priority = headers.get(b"x-priority")
-            if priority is not None or request.priority:
-                request.priority = shaper.priorities.rank(request.priority, _text(priority))
-            else:
-                request.priority = shaper.priorities.default
+            timeout, priority = headers.get(b"x-request-timeout"), headers.get(b"x-priority")
+            shaper.shape(request, admitted, started, timeout=_text(timeout), priority=_text(priority))
         except GatewayError as exc:
-            dataplane.record_error(model, raw_version, PROTOCOL, exc, tenant)
+            dataplane.record_error(model, raw_version, PROTOCOL, exc, admitted.tenant)
             await gateway_error_response(exc)(scope, receive, send)
             return
         except ClientDisconnect:  # not our failure: one debug line and a count, no traceback
             log.debug("client disconnected before sending the whole request body for model '%s'", model)
-            dataplane.record_error(model, raw_version, PROTOCOL, GatewayError("client gone", DISCONNECTED), tenant)
+            gone = GatewayError("client gone", DISCONNECTED)
+            dataplane.record_error(model, raw_version, PROTOCOL, gone, admitted.tenant)
             await _bare(send, 400)  # the server drops it: there is no one to send it to
             return
         except Exception as exc:
-            await _internal_error(scope, receive, send, exc)
+            await self._unexpected(scope, receive, send, exc, model, raw_version, admitted.tenant)
             return
         try:
             response = await dataplane.infer(request, protocol=PROTOCOL, header=_HeaderLookup(headers).get)
-            content, header_length_out = encode_response(response, fmt)
         except GatewayError as exc:  # counted by the dataplane
             await gateway_error_response(exc)(scope, receive, send)
             return
+        try:
+            content, header_length_out = encode_response(response, fmt)
         except Exception as exc:
-            await _internal_error(scope, receive, send, exc)
+            await self._unexpected(scope, receive, send, exc, model, raw_version, admitted.tenant)
             return
         answer = AnswerHeaders(len(content), response.version, header_length_out)
         sent: Iterable[tuple[bytes, bytes]] = answer
+        limits = admitted.limits
         if limits:  # values from the limits file's numbers: the usual check, as for any other answer
             sent = [*answer, *((name.lower().encode(), value.encode()) for name, value in limits.items())]
         await send({"type": "http.response.start", "status": 200, "headers": sent})
         await send({"type": "http.response.body", "body": content})
+
+    async def _unexpected(
+        self, scope: Scope, receive: Receive, send: Send, exc: Exception, model: str, raw: str | None, tenant: str
+    ) -> None:
+        """A bug on the way in or out: a counted 500 naming the request id its traceback is logged under."""
+        error = unexpected(exc, f"{scope['method']} {scope['path']}")
+        self._dataplane.record_error(model, raw, PROTOCOL, error, tenant)
+        await gateway_error_response(error)(scope, receive, send)
 
 
 class _HeaderLookup:
@@ -156,10 +158,6 @@ async def _bare(send: Send, status: int) -> None:
 
 def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("latin-1")
-
-
-async def _internal_error(scope: Scope, receive: Receive, send: Send, exc: BaseException) -> None:
-    await internal_error(scope["method"], scope["path"], exc)(scope, receive, send)
 
 
 class LaneEndpoint:

@@ -13,9 +13,8 @@ from starlette.routing import Route
 
 from services.gateway.errors import GatewayError, InvalidInput
 from services.gateway.repository_api import RepositoryApi
-from services.gateway.rest.body import check_length, read_body
+from services.gateway.rest.body import read_json_object
 from services.gateway.rest.responses import JSONBytesResponse, gateway_error_response
-from services.gateway.shaping.json_limits import client_json
 
 Handler = Callable[[Request], Awaitable[Response]]
 Json = dict[str, Any]
@@ -66,16 +65,7 @@ class RepositoryEndpoints:
 
     async def _body(self, request: Request, allowed: set[str]) -> Json:
         """The optional JSON object of a repository request, with only the ``allowed`` keys."""
-        check_length(request.headers.get("content-length"), self._max_body)
-        raw = await read_body(request.receive, self._max_body)
-        if not raw.strip():
-            return {}
-        body = client_json(raw, "the request body")
-        if not isinstance(body, dict):
-            raise InvalidInput("the request body must be a JSON object")
-        for key in sorted(set(body) - allowed):
-            raise InvalidInput(f"unknown field {key!r} in the request body; expected: {', '.join(sorted(allowed))}")
-        return body
+        return await read_json_object(request, self._max_body, allowed=allowed)
 
 
 def _model(request: Request) -> str:

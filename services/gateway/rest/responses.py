@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import logging
-import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 from starlette.responses import Response
 
-from services.gateway.errors import GatewayError
-
-log = logging.getLogger(__name__)
+from services.gateway.errors import GatewayError, unexpected
 
 
 class JSONBytesResponse(Response):
@@ -26,9 +23,11 @@ def error_response(message: str, status: int) -> Response:
     return JSONBytesResponse({"error": message}, status_code=status)
 
 
-def gateway_error_response(error: GatewayError) -> Response:
-    """The answer to a ``GatewayError``: its status and message, and the headers it carries."""
-    response = error_response(str(error), error.status)
+def gateway_error_response(error: GatewayError, *, fields: Mapping[str, Any] | None = None) -> Response:
+    """The answer to a ``GatewayError`` on every REST route: its status and message (with ``fields`` beside it, e.g.
+    the failed step of a version action), and the headers it carries."""
+    body = {"error": str(error), **fields} if fields else {"error": str(error)}
+    response = JSONBytesResponse(body, status_code=error.status)
     headers = response.headers
     if error.retry_after_s is not None:
         headers["Retry-After"] = str(error.retry_after_s)
@@ -38,13 +37,11 @@ def gateway_error_response(error: GatewayError) -> Response:
         headers["X-Request-Id"] = error.request_id
     for name, value in error.headers.items():
         headers[name] = value
+    if error.status == 413:  # the rest of the body stays unread: the connection cannot carry another request
+        headers["Connection"] = "close"
     return response
 
 
 def internal_error(method: str, path: str, exc: BaseException) -> Response:
-    """A bug's answer: a generic 500 naming a request id, under which the cause is logged once."""
-    request_id = uuid.uuid4().hex[:16]
-    log.error("request %s: unexpected error on %s %s", request_id, method, path, exc_info=exc)
-    response = error_response(f"internal server error (request id {request_id})", 500)
-    response.headers["X-Request-Id"] = request_id
-    return response
+    """A bug's answer on a FastAPI route: a generic 500 naming a request id, under which the cause is logged once."""
+    return gateway_error_response(unexpected(exc, f"{method} {path}"))

@@ -12,13 +12,10 @@ from starlette.responses import Response
 from services.gateway.dataplane import DataPlane
 from services.gateway.errors import InvalidInput
 from services.gateway.rest.app import Handler
-from services.gateway.rest.body import read_body
+from services.gateway.rest.body import read_json_object
 from services.gateway.rest.responses import JSONBytesResponse
-from services.gateway.shaping.json_limits import client_json
-from services.gateway.shared_memory import CUDA_UNSUPPORTED, Region
+from services.gateway.tensors.shared_memory import CUDA_UNSUPPORTED, Region
 
-MAX_BODY_BYTES = 4096
-"""A register body is three small fields."""
 SYSTEM = "/v2/systemsharedmemory"
 CUDA = "/v2/cudasharedmemory"
 _REGION = "/region/{region_name}"
@@ -37,7 +34,8 @@ class SharedMemoryEndpoints:
 
     async def system_register(self, request: Request) -> Response:
         tenant = self._tenant(request)
-        key, offset, byte_size = _register_body(await read_body(request.receive, MAX_BODY_BYTES))
+        body = await read_json_object(request, self._shaper.max_message_bytes, what="the register body")
+        key, offset, byte_size = _register_body(body)
         await self._regions.register(tenant, request.path_params["region_name"], key, offset, byte_size)
         return Response(status_code=200)
 
@@ -75,11 +73,8 @@ def shared_memory_routes(endpoints: SharedMemoryEndpoints) -> list[tuple[str, Ha
     ]
 
 
-def _register_body(body: bytes) -> tuple[str, int, int]:
+def _register_body(parsed: dict[str, Any]) -> tuple[str, int, int]:
     """``{"key": "/name", "offset": 0, "byte_size": 64}`` (offset optional, 0)."""
-    parsed = client_json(body, "the register body")
-    if not isinstance(parsed, dict):
-        raise InvalidInput('register body must be a JSON object like {"key": "/name", "offset": 0, "byte_size": 64}')
     key = parsed.get("key")
     if not isinstance(key, str):
         raise InvalidInput("register body needs 'key', the shm object's name as a string")

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from services.gateway.bytes_tensors import OBJECT, from_strings, text
-from services.gateway.datatypes import check_range, narrow, shaped
 from services.gateway.errors import InvalidInput
-from services.gateway.types import Array
+from services.gateway.tensors.bytes_codec import OBJECT, from_strings, text
+from services.gateway.tensors.datatypes import check_range, narrow, shaped
+from services.gateway.tensors.types import Array
 
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 SHOWN = 40

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from services.gateway.errors import RateLimited
-from services.gateway.settings import Settings
 from services.gateway.shaping.limits import Limit, LimitTable, scope_of
 
 # Float noise must not turn an exact 2 s into a Retry-After of 3 s.
@@ -117,17 +116,3 @@ class LocalRateLimiter:
 
     async def close(self) -> None:
         self._buckets.clear()
-
-
-def build_rate_limiter(settings: Settings) -> RateLimiter | None:
-    """None when no rule limits anything; shared through Redis when ``redis_url`` is set (replicas share their
-    buckets as they share the routing), else per process. Raises ``LimitsError`` on invalid limits."""
-    table = LimitTable(settings.rate_limit_rps, settings.rate_limit_burst, settings.limits_file)
-    if not table.limited:
-        return None
-    if settings.redis_url is None:
-        return LocalRateLimiter(table)
-    # Imported here: redis_buckets builds on this module (Decision, LocalRateLimiter as its fallback).
-    from services.gateway.shaping.redis_buckets import RedisRateLimiter
-
-    return RedisRateLimiter(settings.redis_url, settings.redis_prefix, table)

@@ -1,20 +1,38 @@
-"""The shaping checks every front end runs, in DESIGN.md's order: API key → rate limit → (validation, by the
-dataplane) → deadline → per-model concurrency with priorities → backend. Protocol-neutral: REST and gRPC hand in
-the header / metadata values and get ``GatewayError``s back."""
+"""The admission step: the checks every front end runs, in one place and in the order of docs/architecture.md
+("Admission"): message size → API key → rate limit → (decoding, by the front end) → deadline and priority →
+(validation, routing, per-model concurrency, by the dataplane) → backend. REST and gRPC read the values from their
+headers or metadata, hand them in, and answer the ``GatewayError`` that comes back; the same request gets the same
+decision on both."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
+from services.gateway.errors import PayloadTooLarge
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import Settings
-from services.gateway.shaping.admission import AdaptiveLimit, ModelGate
+from services.gateway.shaping.concurrency import AdaptiveLimit, ModelGate
 from services.gateway.shaping.deadlines import Deadlines, Priorities
 from services.gateway.shaping.keys import ANONYMOUS, ApiKeys, build_api_keys
-from services.gateway.shaping.ratelimit import RateLimiter, build_rate_limiter
+from services.gateway.shaping.limits import LimitTable
+from services.gateway.shaping.ratelimit import LocalRateLimiter, RateLimiter
+from services.gateway.shaping.redis_buckets import RedisRateLimiter
+from services.gateway.tensors.types import InferRequest
 
 NO_HEADERS: Mapping[str, str] = {}
+MESSAGE = {"http": "request body", "grpc": "request message"}
+
+
+@dataclass(slots=True)
+class Admitted:
+    """What admission has established so far: filled in as the checks pass, so that a refusal is counted against
+    the tenant it came from (a rate-limited key's tenant, not ``anonymous``)."""
+
+    tenant: str = ANONYMOUS
+    limits: Mapping[str, str] = field(default_factory=dict)
+    """The ``X-RateLimit-*`` figures for the answer: REST headers, gRPC trailing metadata."""
 
 
 class Shaper:
@@ -32,10 +50,54 @@ class Shaper:
         self.protect_metadata = settings.protect_metadata
         self.deadlines = Deadlines(_seconds(settings.default_timeout_ms), _seconds(settings.max_timeout_ms))
         self.priorities = Priorities(settings.priority_levels, settings.default_priority)
+        self.max_message_bytes = settings.max_body_bytes
         self._concurrency = settings.max_concurrency
         self._queue = settings.max_queue
         self._adaptive = settings.adaptive_concurrency
         self._gates: dict[str, ModelGate] = {}
+
+    async def admit(
+        self, admitted: Admitted, model: str, protocol: str, *, api_key: str | None, size: int | None
+    ) -> None:
+        """The checks before a request is decoded: its size (the declared ``Content-Length``, or the gRPC message's)
+        against ``max_body_bytes`` (413 / ``RESOURCE_EXHAUSTED``), its API key (401), its tenant's rate limit (429).
+        Fills ``admitted`` as each passes; raises the refusal."""
+        if size is not None:
+            self.check_size(size, protocol)
+        if self.keys.enabled:
+            admitted.tenant = self.keys.authenticate(api_key)
+        if self.limiter is not None:
+            admitted.limits = await self.rate_limit(admitted.tenant, model)
+
+    def shape(
+        self,
+        request: InferRequest,
+        admitted: Admitted,
+        started: float,
+        *,
+        timeout: str | None,
+        priority: str | None,
+        call_remaining_s: float | None = None,
+    ) -> None:
+        """The checks once the request is decoded: its tenant, its deadline (the shortest of the v2 ``timeout``
+        parameter, ``X-Request-Timeout`` / ``x-request-timeout`` in milliseconds and the gRPC call's own deadline,
+        cut to ``max_timeout_ms``; ``default_timeout_ms`` when none is named) and its priority rank (the v2
+        ``priority`` parameter, else ``X-Priority`` / ``x-priority``, else ``default_priority``)."""
+        request.tenant = admitted.tenant
+        budget = self.deadlines.budget(request.timeout_s, timeout, call_remaining_s)
+        if budget is not None:
+            request.budget_s, request.deadline = budget, started + budget
+        if priority is not None or request.priority:
+            request.priority = self.priorities.rank(request.priority, priority)
+        else:
+            request.priority = self.priorities.default
+
+    def check_size(self, size: int, protocol: str) -> None:
+        """The size check alone, for calls that are not inference (repository, shared-memory, metadata)."""
+        if size > self.max_message_bytes:
+            raise PayloadTooLarge(
+                f"{MESSAGE.get(protocol, 'request')} of {size} bytes exceeds the {self.max_message_bytes} byte limit"
+            )
 
     def authenticate(self, key: str | None) -> str:
         """The caller's tenant (``anonymous`` when API keys are off); 401 when a key is needed and not valid."""
@@ -84,3 +146,14 @@ class Shaper:
 
 def _seconds(millis: float) -> float | None:
     return millis / 1e3 if millis > 0 and math.isfinite(millis) else None
+
+
+def build_rate_limiter(settings: Settings) -> RateLimiter | None:
+    """None when no rule limits anything; shared through Redis when ``redis_url`` is set (replicas share their
+    buckets as they share the routing), else per process. Raises ``LimitsError`` on invalid limits."""
+    table = LimitTable(settings.rate_limit_rps, settings.rate_limit_burst, settings.limits_file)
+    if not table.limited:
+        return None
+    if settings.redis_url is None:
+        return LocalRateLimiter(table)
+    return RedisRateLimiter(settings.redis_url, settings.redis_prefix, table)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 import time
 
+from services.gateway.tensors.types import InferInput
 from services.gateway.tuning.hosts import TrialHost
-from services.gateway.types import InferInput
 
 REPEATS = 15
 SIZE_BUDGET_S = 0.4

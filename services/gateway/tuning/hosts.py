@@ -19,11 +19,11 @@ from typing import Protocol
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from services.gateway.backends.embedded import EmbeddedBackend
+from services.gateway.backends.embedded_settings import embedded_backend
 from services.gateway.errors import GatewayError
 from services.gateway.repository import Catalog, ModelEntry
 from services.gateway.settings import Settings
-from services.gateway.types import InferInput, InferRequest
+from services.gateway.tensors.types import InferInput, InferRequest
 from services.modelrepo import layout
 from services.modelrepo.config import to_text
 
@@ -58,14 +58,8 @@ class EmbeddedTrials:
     def __init__(self, settings: Settings) -> None:
         self._root = Path(tempfile.mkdtemp(prefix="switchyard-tune-"))
         self._catalog = Catalog(self._root)
-        self._backend = EmbeddedBackend(
-            self._catalog,
-            metrics=None,
-            intra_op_threads=settings.intra_op_threads,
-            spinning=settings.intra_op_spinning,
-            adaptive_delay=settings.batch_adaptive_delay,
-            max_queue=settings.embedded_max_queue,
-        )
+        # No metrics: a trial's private name must never become a label.
+        self._backend = embedded_backend(self._catalog, settings, metrics=None, inline_batches=False)
         self._loaded: dict[str, int] = {}
 
     async def load(self, name: str, config: mc.ModelConfig, entry: ModelEntry, version: int) -> None:

@@ -6,8 +6,8 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from services.gateway.repository import ModelEntry, metadata_from_config
-from services.gateway.types import InferInput
-from services.gateway.warmup import warmup_requests
+from services.gateway.tensors.types import InferInput
+from services.gateway.versions.warmup import warmup_requests
 
 
 def request_rows(entry: ModelEntry, version: int, config: mc.ModelConfig) -> dict[int, list[InferInput]]:

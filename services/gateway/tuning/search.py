@@ -14,6 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from services.gateway.errors import GatewayError
 from services.gateway.repository import ModelEntry
+from services.gateway.tensors.types import InferInput
 from services.gateway.tuning.candidates import Candidate, applied, current, unbatched
 from services.gateway.tuning.curve import measure_curve
 from services.gateway.tuning.drive import closed_loop
@@ -22,7 +23,6 @@ from services.gateway.tuning.options import TuneOptions
 from services.gateway.tuning.requests import request_rows
 from services.gateway.tuning.results import Measurement, Trial, qualifies, score
 from services.gateway.tuning.space import Curve, Space, derive, screen
-from services.gateway.types import InferInput
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from services.gateway.backends.triton import TritonBackend
 from services.gateway.errors import Conflict, GatewayError, InvalidInput, ModelNotFound
-from services.gateway.manager import VersionManager
 from services.gateway.state import Event
 from services.gateway.tuning.candidates import applied
 from services.gateway.tuning.hosts import EmbeddedTrials, TrialHost
@@ -24,6 +23,7 @@ from services.gateway.tuning.options import TuneOptions
 from services.gateway.tuning.publish import PublishError, publish
 from services.gateway.tuning.results import Trial, best_p99_ms, closest, pareto_front, score, winner
 from services.gateway.tuning.search import Search, SearchState
+from services.gateway.versions.manager import VersionManager
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from services.gateway.backends.triton.trials import TritonTrials
 from services.gateway.errors import BackendUnavailable, GatewayError, ModelNotFound
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import Settings
-from services.gateway.types import InferRequest, InferResponse, ModelMetadata, VersionState
+from services.gateway.tensors.types import InferRequest, InferResponse, ModelMetadata, VersionState
 from services.modelrepo.config import pinned
 from services.modelrepo.control import ModelControl, ModelControlError, RepositoryIndex
 

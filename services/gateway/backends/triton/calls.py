@@ -17,7 +17,7 @@ from services.gateway.backends.triton.http_pool import HttpPool
 from services.gateway.errors import DeadlineExceeded, GatewayError, Overloaded
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import Settings
-from services.gateway.types import InferRequest, InferResponse
+from services.gateway.tensors.types import InferRequest, InferResponse
 
 
 class TritonCalls:

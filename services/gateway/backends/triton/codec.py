@@ -9,10 +9,10 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from services.gateway.backends.triton.shared_memory import forward_input, forward_outputs, forwarded_output
-from services.gateway.bytes_tensors import OBJECT, deserialize
-from services.gateway.datatypes import numpy_dtype
 from services.gateway.errors import InferenceFailed, InvalidInput
-from services.gateway.types import Array, InferOutput, InferRequest, InferResponse, raw_bytes
+from services.gateway.tensors.bytes_codec import OBJECT, deserialize, raw_bytes
+from services.gateway.tensors.datatypes import numpy_dtype
+from services.gateway.tensors.types import Array, InferOutput, InferRequest, InferResponse
 
 
 def infer_request(

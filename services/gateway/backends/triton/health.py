@@ -11,7 +11,7 @@ import time
 from services.gateway.backends.circuit import CircuitBreaker, CircuitState
 from services.gateway.errors import BackendUnavailable, GatewayError
 from services.gateway.settings import Settings
-from services.gateway.types import VersionState
+from services.gateway.tensors.types import VersionState
 from services.modelrepo.control import ModelControl, ModelControlError, RepositoryIndex
 
 log = logging.getLogger(__name__)

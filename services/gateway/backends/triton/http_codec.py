@@ -13,7 +13,8 @@ import orjson
 
 from services.gateway.backends.triton.codec import output_array, output_dtype
 from services.gateway.errors import InferenceFailed
-from services.gateway.types import InferOutput, InferRequest, InferResponse, as_bytes
+from services.gateway.tensors.bytes_codec import as_bytes
+from services.gateway.tensors.types import InferOutput, InferRequest, InferResponse
 
 HEAD = (
     b"POST /v2/models/%s/versions/%d/infer HTTP/1.1\r\nHost: %s\r\nContent-Type: application/octet-stream\r\n"

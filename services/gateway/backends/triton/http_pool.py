@@ -1,9 +1,9 @@
 """Keep-alive HTTP/1.1 connections to Triton's HTTP front end, for inference calls.
 
-A grpc.aio client call costs the gateway about 0.2 ms of CPU per request here, more than everything else it does
-for a small model; a request written on a kept-alive connection and its answer read by httptools' parser cost a
-tenth of that. One request at a time per connection (no pipelining); idle connections are reused;
-a connection whose call failed or timed out is closed, never reused."""
+A grpc.aio client call costs the gateway more CPU per request than everything else it does for a small model; a
+request written on a kept-alive connection and its answer read by httptools' parser cost a fraction of that (the
+figures are on the benchmarks page, docs/benchmarks.md). One request at a time per connection (no pipelining);
+idle connections are reused; a connection whose call failed or timed out is closed, never reused."""
 
 from __future__ import annotations
 

@@ -22,10 +22,10 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from services.gateway.errors import BackendUnavailable, InvalidInput
-from services.gateway.region_tensors import BYTE_SIZE, OFFSET, REGION, RegionSlice, written_by_server
 from services.gateway.settings import Settings
-from services.gateway.shared_memory import Region
-from services.gateway.types import InferInput, InferOutput, InferRequest, InferResponse
+from services.gateway.tensors.regions import written_by_server
+from services.gateway.tensors.shared_memory import BYTE_SIZE, OFFSET, REGION, Region, RegionSlice
+from services.gateway.tensors.types import InferInput, InferOutput, InferRequest, InferResponse
 
 log = logging.getLogger(__name__)
 

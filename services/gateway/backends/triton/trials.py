@@ -29,7 +29,7 @@ from services.gateway.backends.triton.errors import TritonErrors
 from services.gateway.errors import GatewayError
 from services.gateway.repository import ModelEntry
 from services.gateway.settings import Settings
-from services.gateway.types import InferInput, InferRequest
+from services.gateway.tensors.types import InferInput, InferRequest
 from services.modelrepo import layout
 from services.modelrepo.config import override_json
 from services.modelrepo.control import ModelControl, ModelControlError

@@ -1,0 +1,71 @@
+"""What the swap protocol's helpers (``follow``, ``replicas``, ``startup``, ``loading``, ``traffic``, ``reports``) use
+of the version manager. They take this protocol instead of importing ``manager``, so that the manager, which calls
+them, is the only module that knows them all: the imports run one way (docs/architecture.md, "Versions")."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+from services.gateway.backends.base import Backend
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.repository import Catalog
+from services.gateway.settings import Settings
+from services.gateway.state import Event, RoutingRecord, StateStore
+from services.gateway.versions.leases import Leases
+from services.gateway.versions.progress import ActionReport, Steps
+from services.gateway.versions.routing import Router
+from services.gateway.versions.warmup import WarmedUp
+from services.gateway.versions.windows import TrafficWindows
+
+
+class VersionContext(Protocol):
+    settings: Settings
+    catalog: Catalog
+    backend: Backend
+    router: Router
+    leases: Leases
+    store: StateStore
+    metrics: GatewayMetrics
+    windows: TrafficWindows
+    last: dict[str, ActionReport]
+    """The last report of each model's actions."""
+    follow_failures: dict[tuple[str, int], float]
+    """(model, generation) -> when following a routing record another gateway wrote failed."""
+
+    async def activate(
+        self,
+        model: str,
+        version: int,
+        *,
+        keep_previous: bool = ...,
+        drain_timeout_s: float | None = ...,
+        compare: bool = ...,
+        actor: str = ...,
+    ) -> ActionReport: ...
+
+    def exclusive(self, model: str, action: str, version: int | None) -> AbstractAsyncContextManager[Steps]:
+        """One action per model at a time (409 for a second one); the steps the action reports."""
+        ...
+
+    def lock(self, model: str) -> asyncio.Lock: ...
+
+    async def prepare(self, model: str, version: int, steps: Steps) -> WarmedUp | None: ...
+
+    async def warm(self, model: str, version: int, steps: Steps) -> WarmedUp: ...
+
+    def loaded_now(
+        self, model: str, *, plus: set[int] | None = None, minus: set[int] | None = None
+    ) -> tuple[int, ...]: ...
+
+    async def commit_routing(self, model: str, record: RoutingRecord) -> None: ...
+
+    def set_routing(self, model: str, record: RoutingRecord) -> None: ...
+
+    async def record(self, event: Event) -> None: ...
+
+    def drain_timeout(self, requested: float | None) -> float: ...
+
+    async def quietly(self, call: Coroutine[Any, Any, None], what: str) -> None: ...

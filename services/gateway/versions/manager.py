@@ -1,0 +1,279 @@
+"""The version manager: what is loaded and where unversioned requests go. It runs every version action (activate,
+rollback, load, unload) one at a time per model, with the swap protocol, and persists routing and audit events.
+What loads at startup is in ``startup``, how the repository is followed in ``follow``."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any
+
+from services.gateway.backends.base import Backend
+from services.gateway.errors import BackendUnavailable, Conflict, GatewayError
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.repository import Catalog
+from services.gateway.settings import Settings
+from services.gateway.state import Event, RoutingRecord, StateBusy, StateError, StateStore
+from services.gateway.tensors.types import VersionState
+from services.gateway.versions.follow import poll, scan_repository
+from services.gateway.versions.leases import Leases
+from services.gateway.versions.progress import GATEWAY, ActionReport, Progress, Steps
+from services.gateway.versions.replicas import catch_up, follow
+from services.gateway.versions.reports import failed, finish
+from services.gateway.versions.routing import Router
+from services.gateway.versions.shadow import ShadowRunner
+from services.gateway.versions.startup import start_models
+from services.gateway.versions.traffic import watch_canaries
+from services.gateway.versions.warmup import WarmedUp, WarmupError, compare_versions, warm_up
+from services.gateway.versions.windows import TrafficWindows
+
+log = logging.getLogger(__name__)
+
+
+class VersionManager:
+    def __init__(
+        self,
+        settings: Settings,
+        catalog: Catalog,
+        backend: Backend,
+        router: Router,
+        leases: Leases,
+        store: StateStore,
+        metrics: GatewayMetrics,
+        windows: TrafficWindows,
+        shadows: ShadowRunner,
+    ) -> None:
+        self.settings = settings
+        self.windows = windows
+        self.shadows = shadows
+        self.catalog = catalog
+        self.backend = backend
+        self.router = router
+        self.leases = leases
+        self.store = store
+        self.metrics = metrics
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.progress: dict[str, Progress] = {}
+        """The action running on each model now (the CLI's live view polls it)."""
+        self.last: dict[str, ActionReport] = {}
+        self.follow_failures: dict[tuple[str, int], float] = {}
+        """(model, generation) -> when following a routing record another gateway wrote failed (``replicas``)."""
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open the state store, load and route every model (``startup``), and follow the repository."""
+        await self.store.open()
+        await start_models(self)
+        if self.settings.repository_poll_s > 0:
+            self._tasks.append(asyncio.create_task(poll(self), name="repository-poll"))
+        self._tasks.append(asyncio.create_task(watch_canaries(self), name="canary-watch"))
+        self._tasks.append(asyncio.create_task(self.store.watch(self._followed), name="routing-watch"))
+
+    async def scan(self, *, actor: str = GATEWAY) -> dict[str, Any]:
+        """Read the repository again (``follow``): new models load and route, new versions are only listed."""
+        return await scan_repository(self, actor)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self.shadows.close()
+        await self.store.close()
+
+    # -- actions --------------------------------------------------------------------------------------------
+    async def activate(
+        self,
+        model: str,
+        version: int,
+        *,
+        keep_previous: bool = True,
+        drain_timeout_s: float | None = None,
+        compare: bool = True,
+        actor: str = GATEWAY,
+    ) -> ActionReport:
+        async with self.exclusive(model, "activate", version) as steps:
+            return await self._switch(model, version, steps, keep_previous, drain_timeout_s, compare, actor)
+
+    async def rollback(
+        self,
+        model: str,
+        *,
+        keep_previous: bool = True,
+        drain_timeout_s: float | None = None,
+        compare: bool = False,
+        actor: str = GATEWAY,
+    ) -> ActionReport:
+        async with self.exclusive(model, "rollback", None) as steps:
+            record = self.router.record(model)
+            if record is None or record.previous is None:
+                raise Conflict(f"model '{model}' has no previous version to roll back to")
+            steps.progress.version = record.previous
+            return await self._switch(model, record.previous, steps, keep_previous, drain_timeout_s, compare, actor)
+
+    # -- the swap protocol ----------------------------------------------------------------------------------
+    async def _switch(
+        self,
+        model: str,
+        version: int,
+        steps: Steps,
+        keep_previous: bool,
+        drain_timeout_s: float | None,
+        compare: bool,
+        actor: str,
+    ) -> ActionReport:
+        record = self.router.record(model)
+        old = record.stable if record is not None else None
+        versions = {"from": old, "to": version}
+        if old == version:
+            self.metrics.version_switches.labels(model, "unchanged").inc()
+            return await finish(self, steps, "unchanged", versions, actor)
+        comparison = None
+        warmed: WarmedUp | None = None
+        try:
+            warmed = await self.prepare(model, version, steps)
+            if compare and old is not None and self.backend.state(model, old) is VersionState.READY:
+                async with steps.run("compare"):
+                    comparison = await compare_versions(
+                        self.backend, self.catalog.entry(model), version, old, warmed, self.settings.warmup_timeout_s
+                    )
+            async with steps.run("flip"):
+                routed = record.switched_to(version) if record is not None else RoutingRecord(stable=version)
+                dropped = {old} if old is not None and not keep_previous else set()
+                routed = dataclasses.replace(routed, loaded=self.loaded_now(model, plus={version}, minus=dropped))
+                await self.commit_routing(model, routed)
+        except GatewayError as exc:
+            if warmed is not None and self.backend.state(model, version) is not None:
+                await self.quietly(self.backend.unload(model, version), f"unloading version {version}")
+            self.metrics.version_switches.labels(model, "failed").inc()
+            raise await failed(self, steps, exc, versions, actor, old) from None
+        flipped_at = steps.mark_flip()
+        self.metrics.version_switches.labels(model, "ok").inc()
+        drained, after_flip_error = True, None
+        unloaded: tuple[int, ...] = ()
+        if old is not None:
+            async with steps.run("drain"):
+                drained = await self.leases.drain(model, old, self.drain_timeout(drain_timeout_s))
+            steps.mark("to_drained")
+            if not keep_previous and self.backend.state(model, old) is not None:
+                try:
+                    async with steps.run("unload"):
+                        await self.backend.unload(model, old)
+                    unloaded = (old,)
+                except GatewayError as exc:  # the switch itself is done; say what is left behind
+                    after_flip_error = f"unloading version {old} failed: {exc}"
+                    log.error("model '%s': %s", model, after_flip_error)
+        report = await finish(self, 
+            steps, "ok", versions, actor, comparison=comparison, error=after_flip_error, generation=routed.generation
+        )
+        return report.but(
+            routing=routed,
+            comparison=comparison,
+            drained=drained,
+            in_flight_left=self.leases.count(model, old) if old is not None else 0,
+            unloaded=unloaded,
+            flipped_at=flipped_at,
+        )
+
+    async def prepare(self, model: str, version: int, steps: Steps) -> WarmedUp | None:
+        """Load ``version`` (unless it is loaded) and warm it up; undo what this did on failure. The warm-up when
+        it was loaded here, ``None`` when it was loaded already."""
+        async with steps.run("load"):
+            if self.backend.state(model, version) is VersionState.READY:
+                return None
+            await self.backend.load(model, version)  # re-reads the model's config and versions from disk
+        try:
+            return await self.warm(model, version, steps)
+        except GatewayError:
+            await self.quietly(self.backend.unload(model, version), f"unloading version {version}")
+            raise
+
+    async def warm(self, model: str, version: int, steps: Steps) -> WarmedUp:
+        self.router.warming(model, version, True)
+        try:
+            async with steps.run("warmup"):
+                warmed = await warm_up(
+                    self.backend, self.catalog.entry(model), version, timeout_s=self.settings.warmup_timeout_s
+                )
+        except WarmupError as exc:
+            self.router.note(model, version, f"warm-up failed: {exc}")
+            raise GatewayError(str(exc), 422) from None
+        finally:
+            self.router.warming(model, version, False)
+        self.router.note(model, version, None)
+        log.info("warmed model '%s' version %d with %s", model, version, "; ".join(warmed.sources))
+        return warmed
+
+    # -- bookkeeping ----------------------------------------------------------------------------------------
+    @asynccontextmanager
+    async def exclusive(self, model: str, action: str, version: int | None) -> AsyncIterator[Steps]:
+        """One action per model at a time: a second one is refused (409), never queued behind the first."""
+        self.catalog.entry(model)
+        lock = self.lock(model)
+        if lock.locked():
+            busy = self.progress.get(model)
+            doing = f"{busy.action} of version {busy.version} is at step '{busy.step}'" if busy else "it is following"
+            raise Conflict(f"model '{model}' is busy: {doing}; try again when it has finished")
+        holder = f"{socket.gethostname()} pid {os.getpid()}: {action} of version {version}"
+        async with lock:
+            progress = Progress(action, version)
+            self.progress[model] = progress
+            try:
+                async with self.store.lock(model, holder):
+                    await catch_up(self, model)  # another gateway may have changed the routing a moment ago
+                    yield Steps(model, self.metrics, progress)
+            except StateBusy as exc:
+                raise Conflict(str(exc)) from None
+            except StateError as exc:
+                raise BackendUnavailable(f"{action} refused: {exc}") from None
+            finally:
+                del self.progress[model]
+
+    async def _followed(self, model: str, record: RoutingRecord) -> None:
+        await follow(self, model, record)
+
+    def loaded_now(self, model: str, *, plus: set[int] | None = None, minus: set[int] | None = None) -> tuple[int, ...]:
+        """What a routing record says is loaded: the ready versions, with what the action is about to add or drop."""
+        ready = {v for v, state in self.backend.models().get(model, {}).items() if state is VersionState.READY}
+        return tuple(sorted((ready | (plus or set())) - (minus or set())))
+
+    def lock(self, model: str) -> asyncio.Lock:
+        """This gateway's lock of one model's actions (the store's lock covers the other gateways)."""
+        return self._locks.setdefault(model, asyncio.Lock())
+
+    async def commit_routing(self, model: str, record: RoutingRecord) -> None:
+        """Persist ``record`` (durable first: a crash right after keeps either routing), then route by it; 503 when
+        the state store cannot take it, and then nothing changed."""
+        try:
+            await self.store.save_routing(model, record)
+        except StateError as exc:
+            raise BackendUnavailable(f"the routing could not be persisted: {exc}") from None
+        self.set_routing(model, record)
+
+    def set_routing(self, model: str, record: RoutingRecord) -> None:
+        self.router.set(model, record)
+        self.windows.watch(model, record)  # every routing change starts the canary's windows afresh
+        self.metrics.active_version.labels(model).set(record.stable)
+        self.metrics.canary_weight.labels(model).set(record.canary.weight if record.canary is not None else 0)
+
+    async def record(self, event: Event) -> None:
+        try:
+            await self.store.append_event(event)
+        except StateError as exc:  # the audit log must not undo an action that succeeded
+            log.error("audit event not written (%s): %s", exc, event)
+
+    def drain_timeout(self, requested: float | None) -> float:
+        return self.settings.drain_timeout_s if requested is None else requested
+
+    @staticmethod
+    async def quietly(call: Coroutine[Any, Any, None], what: str) -> None:
+        try:
+            await call
+        except GatewayError as exc:
+            log.error("%s failed: %s", what, exc)

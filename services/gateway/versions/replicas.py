@@ -1,0 +1,91 @@
+"""Several gateways sharing one state store (Redis): each follows the routing the others write. A follower makes
+the versions the new record names servable before it routes to them, and keeps serving the old routing
+meanwhile (or when it cannot): the embedded backend loads and warms them itself; on a shared Triton the replica
+that ran the action loaded them, and the others adopt what Triton serves."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from services.gateway.errors import GatewayError
+from services.gateway.state import RoutingRecord
+from services.gateway.tensors.types import VersionState
+from services.gateway.versions.context import VersionContext
+from services.gateway.versions.progress import Progress, Steps
+
+log = logging.getLogger(__name__)
+RETRY_AFTER_FAILURE_S = 30.0
+"""A routing generation this gateway failed to follow is tried again after this long, not at every poll."""
+
+
+async def follow(manager: VersionContext, model: str, record: RoutingRecord) -> None:
+    """Take ``record`` (written by another gateway) when it is newer than ours; never raises."""
+    current = manager.router.record(model)
+    if current is not None and record.generation <= current.generation:
+        return
+    failed_at = manager.follow_failures.get((model, record.generation))
+    if failed_at is not None and time.monotonic() - failed_at < RETRY_AFTER_FAILURE_S:
+        return
+    async with manager.lock(model):
+        await _adopt(manager, model, record)
+
+
+async def catch_up(manager: VersionContext, model: str) -> None:
+    """Before an action (its store lock held): take a newer record than ours first, so that the action builds on
+    the latest routing and its generation follows it."""
+    latest = (await manager.store.load_routing()).get(model)
+    current = manager.router.record(model)
+    newer = latest is not None and (current is None or latest.generation > current.generation)
+    if newer and latest is not None and not await _adopt(manager, model, latest):
+        raise GatewayError(f"model '{model}': this gateway cannot serve the routing another one set", 503)
+
+
+async def _adopt(manager: VersionContext, model: str, record: RoutingRecord) -> bool:
+    current = manager.router.record(model)
+    if current is not None and record.generation <= current.generation:
+        return True
+    needed = set() if record.unloaded else {record.stable}
+    if record.canary is not None and record.canary.weight > 0:
+        needed.add(record.canary.version)
+    if record.shadow is not None:
+        needed.add(record.shadow.version)
+    target = set(record.loaded) | needed
+    try:
+        if model not in manager.catalog.entries:
+            await asyncio.to_thread(manager.catalog.scan)
+        if manager.backend.shared_server:
+            await manager.backend.adopt(model, target)
+            missing = sorted(v for v in needed if manager.backend.state(model, v) is not VersionState.READY)
+            if missing:
+                raise GatewayError(f"version(s) {missing} are not ready on the shared server", 503)
+        else:
+            steps = Steps(model, manager.metrics, Progress("follow", record.stable))
+            for version in sorted(target):
+                await manager.prepare(model, version, steps)
+    except GatewayError as exc:
+        manager.follow_failures[model, record.generation] = time.monotonic()
+        serving = current.stable if current is not None else None
+        log.error(
+            "model '%s': not following routing generation %d (stable %d) set by another gateway: %s; still serving "
+            "version %s", model, record.generation, record.stable, exc, serving,
+        )
+        return False
+    manager.set_routing(model, record)
+    log.info("model '%s': following routing generation %d: stable %d", model, record.generation, record.stable)
+    if (record.loaded or record.unloaded) and not manager.backend.shared_server:
+        await _unload_extras(manager, model, target)
+    return True
+
+
+async def _unload_extras(manager: VersionContext, model: str, keep: set[int]) -> None:
+    """Versions the other gateways unloaded go here too, once their requests on this one have finished."""
+    for version, state in list(manager.backend.models().get(model, {}).items()):
+        if version in keep or state is not VersionState.READY:
+            continue
+        await manager.leases.drain(model, version, manager.settings.drain_timeout_s)
+        try:
+            await manager.backend.unload(model, version)
+        except GatewayError as exc:
+            log.error("model '%s': unloading version %d as the other gateways did failed: %s", model, version, exc)

@@ -1,0 +1,124 @@
+"""The router: which version serves a request. Unversioned requests follow the model's routing record (its
+``stable`` version); ``/versions/{v}`` requests go to ``v`` when it is loaded, ready and warmed up."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Mapping
+
+from services.gateway.backends.base import Backend
+from services.gateway.errors import ModelNotFound, ModelNotReady
+from services.gateway.repository import Catalog
+from services.gateway.state import RoutingRecord
+from services.gateway.state.policies import CanaryPolicy
+from services.gateway.tensors.types import VersionState
+
+UNLOADED = "unloaded through the repository API (load it again to serve it)"
+Header = Callable[[str], str | None]
+"""Looks up one request header (lowercase name) or gRPC metadata key; ``None`` when absent."""
+
+
+def _canary_side(canary: CanaryPolicy, header: Header | None) -> bool:
+    """Whether this request goes to the canary: by the sticky header's value when it has one (the same value, the
+    same side, on every gateway replica), else at random."""
+    value = header(canary.sticky_header) if canary.sticky_header is not None and header is not None else None
+    if value:
+        digest = hashlib.blake2b(value.encode(), digest_size=8).digest()
+        point = int.from_bytes(digest, "big") % 10_000 / 100.0
+    else:
+        point = random.random() * 100.0
+    return point < canary.weight
+
+
+class Router:
+    """Holds the routing records in memory. A flip replaces one record object: a request routed before it sees the
+    old record, one routed after sees the new one, nothing in between (everything runs on one event loop)."""
+
+    def __init__(self, catalog: Catalog, backend: Backend) -> None:
+        self._catalog = catalog
+        self._backend = backend
+        self._records: dict[str, RoutingRecord] = {}
+        self._warming: set[tuple[str, int]] = set()
+        self._notes: dict[tuple[str, int], str] = {}
+
+    @property
+    def records(self) -> Mapping[str, RoutingRecord]:
+        return self._records
+
+    def record(self, model: str) -> RoutingRecord | None:
+        return self._records.get(model)
+
+    def set(self, model: str, record: RoutingRecord) -> None:
+        self._records[model] = record
+
+    def route(self, model: str, version: int | None, header: Header | None = None) -> int:
+        """The version a request is served by: 404 when the model or the pinned version is unknown or not loaded,
+        503 when it cannot serve now (loading, warming up, its server down), with the reason when one is known.
+        ``header`` reads the request's headers (gRPC: metadata) for a sticky canary split."""
+        pinned = version is not None
+        if version is None:
+            record = self._records.get(model)
+            if record is None:
+                if model not in self._catalog.entries:
+                    raise ModelNotFound(f"unknown model '{model}'")
+                problem = self.problem(model)
+                raise ModelNotReady(
+                    f"model '{model}' is unavailable: {problem}" if problem else f"model '{model}' has no ready version"
+                )
+            if record.unloaded:  # as Triton answers for a model unloaded through its repository API
+                raise ModelNotFound(f"model '{model}' has no loaded version: {UNLOADED}")
+            version = record.stable
+            canary = record.canary
+            if canary is not None and canary.weight > 0 and _canary_side(canary, header):
+                # A canary that cannot serve right now (its server lost it) leaves its share on the stable version.
+                ready = self._backend.state(model, canary.version) is VersionState.READY
+                if ready and (model, canary.version) not in self._warming:
+                    return canary.version
+        elif model not in self._catalog.entries:
+            raise ModelNotFound(f"unknown model '{model}'")
+        state = self._backend.state(model, version)
+        if state is VersionState.READY and (model, version) not in self._warming:
+            return version
+        if state is None and pinned:
+            loaded = ", ".join(str(v) for v in sorted(self._backend.models().get(model, {}))) or "none"
+            raise ModelNotFound(f"model '{model}' has no version {version} loaded (loaded: {loaded})")
+        detail = "warming up" if state is VersionState.READY else (state or VersionState.UNAVAILABLE).value.lower()
+        problem = self.problem(model, version)
+        raise ModelNotReady(
+            f"model '{model}' version {version} is not ready ({detail}{': ' + problem if problem else ''})"
+        )
+
+    def warming(self, model: str, version: int, on: bool) -> None:
+        """A loaded version is not served to pinned requests until its warm-up has run."""
+        if on:
+            self._warming.add((model, version))
+        else:
+            self._warming.discard((model, version))
+
+    def note(self, model: str, version: int, problem: str | None) -> None:
+        """Remember why a version is not served (its warm-up failed), beside what the backend knows."""
+        if problem is None:
+            self._notes.pop((model, version), None)
+        else:
+            self._notes[model, version] = problem
+
+    def problem(self, model: str, version: int | None = None) -> str | None:
+        entry = self._catalog.entries.get(model)
+        if entry is not None and entry.problem is not None:
+            return entry.problem
+        record = self._records.get(model)
+        if version is None and record is not None and record.unloaded:
+            return UNLOADED  # settled on purpose: the gateway is ready without it
+        if version is not None:
+            return self._notes.get((model, version)) or self._backend.problem(model, version)
+        noted = [f"version {v}: {reason}" for (m, v), reason in sorted(self._notes.items()) if m == model]
+        backend = self._backend.problem(model)
+        return "; ".join([*noted, backend] if backend else noted) or None
+
+    def ready(self, model: str) -> bool:
+        """The model's stable version serves unversioned requests now."""
+        record = self._records.get(model)
+        if record is None or record.unloaded:
+            return False
+        return self._backend.state(model, record.stable) is VersionState.READY

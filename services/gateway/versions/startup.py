@@ -1,0 +1,136 @@
+"""What the gateway loads and routes when it starts: the versions the config's policy selects and those the
+persisted routing names, each warmed up; the persisted routing when its stable version is still there."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from services.gateway.errors import GatewayError
+from services.gateway.state import Event, RoutingRecord, StateError
+from services.gateway.tensors.types import VersionState
+from services.gateway.versions.context import VersionContext
+from services.gateway.versions.progress import GATEWAY, Progress, Steps
+
+log = logging.getLogger(__name__)
+
+
+async def start_models(manager: VersionContext) -> None:
+    records = dict(await manager.store.load_routing())
+    await asyncio.to_thread(manager.catalog.scan)
+    initial: dict[str, set[int]] = {}
+    for name, entry in manager.catalog.entries.items():
+        if entry.problem is not None or not entry.available:
+            log.error("model '%s' is unavailable: %s", name, entry.problem or f"no version folder in {entry.path}")
+            continue
+        record = records.get(name)
+        if record is not None and record.unloaded:  # stays unloaded, as Triton keeps a model it was told to unload
+            await _route_unloaded(manager, name, record, set(entry.available))
+            continue
+        # What the replicas keep loaded, when the record says; else what the version policy selects.
+        recorded = set(record.loaded) & set(entry.available) if record is not None else set()
+        wanted = recorded or set(entry.selected)
+        if record is not None:
+            named = (record.stable, record.previous, record.canary and record.canary.version,
+                     record.shadow and record.shadow.version)
+            wanted |= {v for v in named if v is not None and v in entry.available}
+        initial[name] = wanted
+    await manager.backend.start(initial)
+    for name, versions in initial.items():
+        for version in sorted(versions):
+            await _warm(manager, name, version)
+        await _route(manager, name, records.get(name), versions)
+
+
+async def _warm(manager: VersionContext, model: str, version: int) -> None:
+    state = manager.backend.state(model, version)
+    if state is not VersionState.READY:
+        reason = manager.backend.problem(model, version) or (state or VersionState.UNAVAILABLE).value.lower()
+        log.error("model '%s' version %d is not serving: %s", model, version, reason)
+        return
+    try:
+        await manager.warm(model, version, Steps(model, manager.metrics, Progress("startup", version)))
+    except GatewayError as exc:
+        await manager.quietly(manager.backend.unload(model, version), f"unloading version {version}")
+        log.error("model '%s' version %d failed its warm-up and was unloaded: %s", model, version, exc)
+
+
+async def _route(manager: VersionContext, model: str, record: RoutingRecord | None, versions: set[int]) -> None:
+    """The persisted routing when its stable version is still on disk (``versions`` holds it then), less the other
+    versions it names that are not; else the highest version that loaded among those the policy selects (the
+    policy's own choice when none did, e.g. Triton is still down). A version missing from disk is never carried
+    into the routing: the repair is persisted, logged and in the audit log."""
+    error = None
+    entry = manager.catalog.entry(model)
+    if record is not None and record.stable in versions:
+        repaired, dropped = _on_disk(record, set(entry.available))
+        if dropped:
+            error = f"the persisted routing names {dropped}, gone from the repository: dropped from it"
+            await _persist(manager, model, repaired, error)
+        manager.set_routing(model, repaired)
+        return
+    if record is not None:
+        error = f"the persisted stable version {record.stable} is gone from the repository"
+    ready = [v for v in entry.selected if manager.backend.state(model, v) is VersionState.READY]
+    if not ready and manager.router.problem(model) is not None:
+        return  # nothing it could route to serves, and the reason is known: reported, not routed
+    candidates = ready or list(entry.selected)
+    if not candidates:
+        return
+    stable = max(candidates)
+    # The stable version the record named is not on disk (else it would route): it cannot be the one to roll
+    # back to. The record's own previous version can, while it is still there.
+    previous = record.previous if record is not None else None
+    routed = RoutingRecord(
+        stable=stable,
+        previous=previous if previous in entry.available and previous != stable else None,
+        generation=record.generation + 1 if record is not None else 1,
+        loaded=manager.loaded_now(model),
+    )
+    if error:
+        error = f"{error}; serving version {stable}"
+    await _persist(manager, model, routed, error)
+    manager.set_routing(model, routed)
+
+
+async def _route_unloaded(manager: VersionContext, model: str, record: RoutingRecord, available: set[int]) -> None:
+    """An unloaded model's record, less the versions it names that are gone (its ``stable`` stays: the version the
+    audit log refers to, routed to by nothing until a load)."""
+    repaired, dropped = _on_disk(record, available)
+    if dropped:
+        await _persist(manager, model, repaired, f"the persisted routing names {dropped}, gone from the repository: "
+                                                 "dropped from it")
+    manager.set_routing(model, repaired)
+
+
+def _on_disk(record: RoutingRecord, available: set[int]) -> tuple[RoutingRecord, str]:
+    """``record`` without the versions besides ``stable`` that are not in ``available``, and those in words
+    ("previous version 99, canary version 7"; empty when it names none)."""
+    changes: dict[str, object] = {}
+    gone: list[str] = []
+    if record.previous is not None and record.previous not in available:
+        changes["previous"] = None
+        gone.append(f"previous version {record.previous}")
+    for kind, policy in (("canary", record.canary), ("shadow", record.shadow)):
+        if policy is not None and policy.version not in available:
+            changes[kind] = None
+            gone.append(f"{kind} version {policy.version}")
+    missing = [version for version in record.loaded if version not in available]
+    if missing:
+        changes["loaded"] = tuple(version for version in record.loaded if version in available)
+        gone.append(f"loaded version{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}")
+    if not changes:
+        return record, ""
+    return record.but(**changes), ", ".join(gone)
+
+
+async def _persist(manager: VersionContext, model: str, routed: RoutingRecord, error: str | None) -> None:
+    """Save the routing startup chose, and say why when it is not what the store held."""
+    try:
+        await manager.store.save_routing(model, routed)
+    except StateError as exc:
+        log.error("routing of model '%s' is not persisted: %s", model, exc)
+    if error:
+        log.error("model '%s': %s", model, error)
+    await manager.record(Event("startup", model, "ok", {"stable": routed.stable}, error=error, actor=GATEWAY,
+                               generation=routed.generation))

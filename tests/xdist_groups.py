@@ -1,0 +1,85 @@
+"""How ``make pytest`` shares the suite between pytest-xdist's workers (``-n 2 --dist loadgroup``; the conftest
+hook hands xdist this scheduler). A group is what one worker runs from start to end:
+
+- the files of ``SHARED``, whose tests share a session's local Triton: one worker starts it once;
+- every other test file: its module fixtures start their servers once.
+
+Groups go out longest first (``COST``, measured on the two-core machine), so that no worker is left with a long group
+at the end while the other one idles; the rest follow in collection order. The ``xdist_group`` marker is not used:
+with pytest 9 xdist cannot put it into the test ids its own loadgroup scheduler splits on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from xdist.scheduler import LoadScopeScheduling
+
+SESSION_TRITON = "tests/triton/ (session Triton)"
+SHARED = dict.fromkeys(
+    (
+        "tests/triton/test_deadlines.py",
+        "tests/triton/test_hostile_shared_memory_triton.py",
+        "tests/triton/test_http_transport.py",
+        "tests/triton/test_import_boundaries.py",
+        "tests/triton/test_serving.py",
+        "tests/triton/test_shared_memory_triton.py",
+        "tests/triton/test_triton_statistics.py",
+        "tests/triton/test_tune_triton.py",
+    ),
+    SESSION_TRITON,
+)
+"""Files whose tests use tests/triton/conftest.py's session Triton (``triton``, ``gateway``). A file left out of
+this list still passes: its worker starts a session Triton of its own (seconds of CPU more)."""
+
+COST = {
+    SESSION_TRITON: 60,
+    "tests/deploy/test_base_install.py": 50,
+    "tests/integration/test_zoo_serving.py": 45,
+    "tests/exporter/test_control_flow.py": 45,
+    "tests/exporter/test_cli.py": 40,
+    "tests/triton/test_repository_api_triton.py": 37,
+    "tests/tritonlocal/test_lifecycle.py": 30,
+    "tests/deploy/test_compose_topology.py": 30,
+    "tests/integration/test_ops_console.py": 28,
+    "tests/integration/test_hostile_load.py": 25,
+    "tests/integration/test_openapi_schemathesis.py": 22,
+    "tests/triton/test_swap_under_load.py": 20,
+    "tests/triton/test_control.py": 20,
+    "tests/integration/test_connection_limits.py": 18,
+    "tests/integration/test_locust_runs.py": 17,
+    "tests/triton/test_replicas.py": 16,
+    "tests/integration/test_traffic_split.py": 16,
+    "tests/integration/test_swap_failures.py": 16,
+    "tests/tritonlocal/test_server.py": 15,
+    "tests/triton/test_swap_failures.py": 15,
+    "tests/integration/test_tune_embedded.py": 13,
+    "tests/exporter/test_export_log.py": 13,
+    "tests/exporter/test_repeated_exports.py": 12,
+    "tests/triton/test_bytes_triton.py": 12,
+    "tests/triton/test_faults.py": 11,
+    "tests/exporter/test_examples.py": 10,
+}
+"""Seconds a group takes on the two-core machine, roughly; groups not named here take a few at most."""
+
+
+def group_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return SHARED.get(path, path)
+
+
+def longest_first(items: Sequence[pytest.Item]) -> list[pytest.Item]:
+    """``items`` by their group's cost, longest first; stable otherwise (a worker's collection order, the same on
+    every worker, is the order the groups go out in)."""
+    return sorted(items, key=lambda item: -COST.get(group_of(item.nodeid), 0))
+
+
+class SharedServerScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling with ``group_of`` as the scope, the groups sent in collection order."""
+
+    def __init__(self, config: pytest.Config, log: object = None) -> None:
+        config.option.loadscopereorder = False  # keep longest_first's order, not the count of tests per group
+        super().__init__(config, log)  # type: ignore[arg-type]
+
+    def _split_scope(self, nodeid: str) -> str:
+        return group_of(nodeid)
