@@ -158,10 +158,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         lookup = _Metadata(context).get
         admitted = Admitted()
         try:
+            api_key, timeout, priority = _admission_metadata(context)
             size = request.ByteSize()
-            await shaper.admit(admitted, request.model_name, PROTOCOL, api_key=lookup("x-api-key"), size=size)
+            await shaper.admit(admitted, request.model_name, PROTOCOL, api_key=api_key, size=size)
             decoded = decode_request(request, tensor_regions(dataplane.regions, admitted.tenant))
-            timeout, priority, remaining = lookup("x-request-timeout"), lookup("x-priority"), context.time_remaining()
+            remaining = context.time_remaining()
             shaper.shape(decoded, admitted, started, timeout=timeout, priority=priority, call_remaining_s=remaining)
         except GatewayError as exc:
             dataplane.record_error(request.model_name, request.model_version, PROTOCOL, exc, admitted.tenant)
@@ -212,6 +213,20 @@ class _Metadata:
             if key == name:
                 return str(value)
         return None
+
+
+def _admission_metadata(context: grpc.aio.ServicerContext[Any, Any]) -> tuple[str | None, str | None, str | None]:
+    """``x-api-key``, ``x-request-timeout`` and ``x-priority`` (the first of each) in one pass over the metadata:
+    every inference call reads them, and three lookups would walk it three times."""
+    api_key = timeout = priority = None
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-api-key":
+            api_key = api_key if api_key is not None else str(value)
+        elif key == "x-request-timeout":
+            timeout = timeout if timeout is not None else str(value)
+        elif key == "x-priority":
+            priority = priority if priority is not None else str(value)
+    return api_key, timeout, priority
 
 
 def _metadata(context: grpc.aio.ServicerContext[Any, Any]) -> Callable[[str], str | None]:
