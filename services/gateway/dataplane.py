@@ -24,6 +24,7 @@ from services.gateway.errors import (
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
+    unexpected,
 )
 from services.gateway.metrics import OTHER, GatewayMetrics
 from services.gateway.repository import Catalog
@@ -200,16 +201,13 @@ class DataPlane:
         id and the client gets the id, never the runtime's text (it can hold paths, tensors, internals)."""
         if isinstance(exc, GatewayError) and exc.status != 500:
             return exc
-        request_id = uuid.uuid4().hex[:16]
         target = f"model '{model}'" if version is None else f"model '{model}' version {version}"
-        if isinstance(exc, GatewayError):
-            log.error("request %s to %s failed: %s", request_id, target, exc, exc_info=exc.__cause__)
-            error: GatewayError = InferenceFailed(
-                f"inference failed on {target}; the gateway log has the cause (request id {request_id})"
-            )
-        else:  # a bug, not the client's fault
-            log.error("request %s to %s hit an unexpected error", request_id, target, exc_info=exc)
-            error = GatewayError(f"internal server error (request id {request_id})", 500)
+        if not isinstance(exc, GatewayError):  # a bug, not the client's fault: the one answer every edge gives it
+            return unexpected(exc, f"a request to {target}")
+        request_id = uuid.uuid4().hex[:16]
+        log.error("request %s to %s failed: %s", request_id, target, exc, exc_info=exc.__cause__)
+        cause = f"the gateway log has the cause (request id {request_id})"
+        error = InferenceFailed(f"inference failed on {target}; {cause}")
         error.request_id = request_id
         return error
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from services.gateway.errors import PayloadTooLarge
 from services.gateway.metrics import GatewayMetrics
@@ -21,7 +22,7 @@ from services.gateway.shaping.ratelimit import LocalRateLimiter, RateLimiter
 from services.gateway.shaping.redis_buckets import RedisRateLimiter
 from services.gateway.tensors.types import InferRequest
 
-NO_HEADERS: Mapping[str, str] = {}
+NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 MESSAGE = {"http": "request body", "grpc": "request message"}
 
 
