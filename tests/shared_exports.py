@@ -38,7 +38,8 @@ def run_folder(factory: pytest.TempPathFactory) -> Path:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """Holds an exclusive lock on ``path`` (created): one process of the run at a time does what it guards."""
     with path.open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -53,7 +54,7 @@ def shared_examples(factory: pytest.TempPathFactory) -> SharedExamples:
     folder.mkdir(exist_ok=True)
     repository = folder / "model_repository"
     slow_work("uses the examples' export")
-    with _locked(folder / "lock"):
+    with locked(folder / "lock"):
         if not (folder / DONE).exists():
             from examples import models  # torch: only for the test that exports
             from examples.export_examples import export_examples

@@ -124,3 +124,19 @@ def test_no_file_names_documents_outside_the_repository(area: str) -> None:
     ]
 
     assert naming == [], "these files name documents that are not in the repository:\n" + "\n".join(naming)
+
+
+def test_error_texts_table_has_every_case_of_the_tests_with_its_codes_and_wording() -> None:
+    from tests.error_texts import CASES, table_row  # here only: the other checks need no numpy or gRPC
+
+    page = (ROOT / "docs" / "protocol.md").read_text()
+    rows = [line for line in page.splitlines() if line.startswith("| ")]
+    missing = [table_row(case) for case in CASES if not any(row.startswith(table_row(case)) for row in rows)]
+    assert not missing, "docs/protocol.md's Error texts table lacks or differs on:\n" + "\n".join(missing)
+
+
+def test_error_texts_wording_matches_the_text_each_test_expects() -> None:
+    from tests.error_texts import CASES, pattern
+
+    differing = [case.case for case in CASES if not pattern(case.wording).match(case.text)]
+    assert not differing, f"the wording in the table does not cover the tested text of: {differing}"

@@ -19,9 +19,11 @@ SESSION_TRITON = "tests/triton/ (session Triton)"
 SHARED = dict.fromkeys(
     (
         "tests/triton/test_deadlines.py",
+        "tests/triton/test_error_texts_triton.py",
         "tests/triton/test_hostile_shared_memory_triton.py",
         "tests/triton/test_http_transport.py",
         "tests/triton/test_import_boundaries.py",
+        "tests/triton/test_kserve_sdk_triton.py",
         "tests/triton/test_serving.py",
         "tests/triton/test_shared_memory_triton.py",
         "tests/triton/test_triton_statistics.py",
@@ -57,8 +59,11 @@ COST = {
     "tests/exporter/test_export_log.py": 13,
     "tests/exporter/test_repeated_exports.py": 12,
     "tests/triton/test_bytes_triton.py": 12,
+    "tests/triton/test_bytes_warmup_triton.py": 15,
+    "tests/triton/test_triton_examples_triton.py": 12,
     "tests/triton/test_faults.py": 11,
     "tests/exporter/test_examples.py": 10,
+    "tests/integration/test_triton_examples.py": 6,
 }
 """Seconds a group takes on the two-core machine, roughly; groups not named here take a few at most."""
 

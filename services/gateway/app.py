@@ -133,6 +133,8 @@ def create_app(
                 max_metadata_bytes=settings.max_header_bytes,
                 connection_idle_s=settings.keep_alive_s,
                 handshake_timeout_s=settings.header_timeout_s,
+                health_interval_s=settings.grpc_health_interval_s,
+                health_max_watches=settings.grpc_health_max_watches,
             )
             log.info("gRPC listening on %s:%d", settings.host, app.state.grpc_port)
         if settings.gc_freeze:

@@ -22,15 +22,18 @@ from services.gateway.errors import (
     GatewayError,
     InferenceFailed,
     InvalidInput,
-    ModelNotFound,
     ModelNotReady,
+    no_statistics,
     unexpected,
+    version_not_ready,
 )
 from services.gateway.metrics import OTHER, GatewayMetrics
 from services.gateway.repository import Catalog
 from services.gateway.shaping.keys import ANONYMOUS
 from services.gateway.shaping.shaper import Shaper
 from services.gateway.statistics import Hops
+from services.gateway.tensors.classification import Labels, check_classifiable, classify, read_labels
+from services.gateway.tensors.parameters import check_request_parameters
 from services.gateway.tensors.regions import check_room, detach, place_outputs
 from services.gateway.tensors.shared_memory import SharedMemoryRegions
 from services.gateway.tensors.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
@@ -44,7 +47,9 @@ from services.gateway.versions.windows import TrafficWindows
 log = logging.getLogger(__name__)
 SERVER_NAME = "switchyard"
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "statistics")
+EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "model_repository", "statistics")
+FORWARDED_EXTENSIONS = ("parameters", "sequence")
+"""Listed when the backend hands request parameters to the model server (Triton: its sequence batcher too)."""
 
 
 class DataPlane:
@@ -72,6 +77,8 @@ class DataPlane:
         self.regions = regions if regions is not None else SharedMemoryRegions(enabled=False)
         """The clients' shared-memory regions (the extension is off unless the app passes an enabled registry)."""
         self._timed_by_backend: bool = getattr(backend, "enforces_deadlines", False)  # test doubles may not say
+        self._forwards_parameters: bool = getattr(backend, "forwards_parameters", False)
+        self._labels_cache: dict[tuple[str, int], tuple[model_config_pb2.ModelConfig, Labels]] = {}
 
     async def live(self) -> bool:
         """The gateway answering is its liveness. A dead backend makes it unready, not dead: a liveness
@@ -88,7 +95,9 @@ class DataPlane:
         return all(router.ready(model) or router.problem(model) is not None for model in self.catalog.entries)
 
     def server_metadata(self) -> dict[str, object]:
-        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": [*EXTENSIONS, *self.regions.extensions]}
+        forwarded = FORWARDED_EXTENSIONS if self._forwards_parameters else ()
+        extensions = [*EXTENSIONS, *forwarded, *self.regions.extensions]
+        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": extensions}
 
     def resolve(self, model: str, version: int | None) -> int:
         """The version a request is served by; 404 when unknown, 503 when it exists but is not ready."""
@@ -105,7 +114,7 @@ class DataPlane:
             return str(exc)
         if await self.backend.ready(model, served):
             return None
-        return f"model '{model}' version {served} is not ready"
+        return str(version_not_ready(model, served, "its model server does not report it ready"))
 
     async def model_metadata(self, model: str, version: int | None) -> ModelMetadata:
         metadata = await self.backend.metadata(model, self.resolve(model, version))
@@ -138,9 +147,15 @@ class DataPlane:
             try:
                 metadata = await self.backend.metadata(model, version)
                 validate(request, metadata)
+                if request.parameters:
+                    await self._check_parameters(request, version)
+                if request.classification:
+                    _check_classes(request, metadata)
                 if request.output_regions:
                     check_room(request, metadata)  # before the model runs, when the shapes tell
                 response, backend_seconds = await self._admitted(request, version)
+                if request.classification:
+                    await self._classify(request, metadata, response, version)
             finally:
                 leases.release(model, version)
             if request.outputs is not None:
@@ -248,6 +263,37 @@ class DataPlane:
                 gate.leave(time.perf_counter() - began)
         return response, time.perf_counter() - began
 
+    async def _check_parameters(self, request: InferRequest, version: int) -> None:
+        """Refuse request parameters the model would not get (``tensors.parameters``): never dropped in silence."""
+        forwarded = self._forwards_parameters
+        sequence = forwarded and (await self.backend.config(request.model, version)).HasField("sequence_batching")
+        check_request_parameters(
+            request.parameters, request.model, forwarded=forwarded, sequence_batching=sequence, backend="embedded"
+        )
+
+    async def _classify(
+        self, request: InferRequest, metadata: ModelMetadata, response: InferResponse, version: int
+    ) -> None:
+        """Replace each output asked for with ``class_count`` by its top classes, with the version's labels."""
+        labels = await self._labels_of(request.model, version)
+        batched = metadata.max_batch_size > 0
+        response.outputs = [
+            classify(output, request.classification[output.name], labels.get(output.name, ()), batched)
+            if output.name in request.classification and output.region is None
+            else output
+            for output in response.outputs
+        ]
+
+    async def _labels_of(self, model: str, version: int) -> Labels:
+        """The version's labels (``label_filename`` per output), read once per loaded config."""
+        config = await self.backend.config(model, version)
+        cached = self._labels_cache.get((model, version))
+        if cached is not None and cached[0] is config:
+            return cached[1]
+        labels = await asyncio.to_thread(read_labels, self.catalog.entry(model).path, config)
+        self._labels_cache[(model, version)] = (config, labels)
+        return labels
+
     @staticmethod
     def _expired(request: InferRequest, where: str) -> DeadlineExceeded:
         budget = "its" if request.budget_s is None else f"its {format_duration(request.budget_s)}"
@@ -260,6 +306,13 @@ class DataPlane:
             return response.outputs
         by_name = {output.name: output for output in response.outputs}
         return [by_name[name] for name in request.outputs]
+
+
+def _check_classes(request: InferRequest, metadata: ModelMetadata) -> None:
+    """Refuse, before the model runs, a class count on an output whose type cannot be ranked."""
+    for spec in metadata.outputs:
+        if spec.name in request.classification:
+            check_classifiable(spec.name, spec.datatype)
 
 
 def format_duration(seconds: float) -> str:
@@ -290,17 +343,18 @@ async def gather_statistics(
     catalog: Catalog, backend: Backend, hops: Hops, model: str, version: int | None
 ) -> StatisticsReport:
     """Every ready version of every model (``model`` empty: as in Triton), of ``model``, or one ``version`` of it;
-    404 for a model the repository does not have, or one with no ready version (Triton: 400, "not available")."""
+    404 for a model the repository does not have, or one with no ready version, in Triton's words (Triton: 400)."""
     loaded = backend.models()
     hops.prune(loaded)
     if model:
-        catalog.entry(model)
+        if model not in catalog.entries:
+            raise no_statistics(model, None, "the repository has no such model")
         ready = sorted(v for v, state in loaded.get(model, {}).items() if state is VersionState.READY)
         if version is not None and version not in ready:
             listed = ", ".join(str(v) for v in ready) or "none"
-            raise ModelNotFound(f"model '{model}' has no version {version} ready (ready: {listed})")
+            raise no_statistics(model, version, f"version {version} is not ready (ready versions: {listed})")
         if not ready:
-            raise ModelNotFound(f"model '{model}' has no ready version, so no statistics")
+            raise no_statistics(model, None, "no version of it is ready")
     found = await backend.statistics(model or None, version if model else None)
     return StatisticsReport(found, [hops.json(stats.name, _number(stats.version)) for stats in found])
 

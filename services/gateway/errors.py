@@ -101,6 +101,63 @@ class SwapFailed(GatewayError):
         self.step = step
 
 
+# Triton's words. Clients and ops scripts written for Triton match on these texts, so every error for one of these
+# cases starts with Triton's wording (as Triton 2.51 answers it) and adds what the gateway knows after "; ".
+UNKNOWN_MODEL = "Request for unknown model"
+JSON_UNPARSED = "failed to parse the request JSON buffer"
+
+
+def _more(text: str, detail: str | None) -> str:
+    return f"{text}; {detail}" if detail else text
+
+
+def unknown_model(model: str, detail: str | None = None) -> ModelNotFound:
+    return ModelNotFound(_more(f"{UNKNOWN_MODEL}: '{model}' is not found", detail))
+
+
+def unknown_version(model: str, version: int, detail: str | None = None) -> ModelNotFound:
+    """A version the model does not serve (not on disk, or on disk and not loaded: Triton words both alike)."""
+    return ModelNotFound(_more(f"{UNKNOWN_MODEL}: '{model}' version {version} is not found", detail))
+
+
+def no_available_versions(model: str, detail: str | None = None) -> ModelNotFound:
+    """A known model none of whose versions is loaded (unloaded through the repository API)."""
+    return ModelNotFound(_more(f"{UNKNOWN_MODEL}: '{model}' has no available versions", detail))
+
+
+def version_not_ready(model: str, version: int, detail: str | None = None) -> ModelNotReady:
+    """A loaded version that cannot serve now (loading, warming up, its server lost it): worth a retry."""
+    return ModelNotReady(_more(f"{UNKNOWN_MODEL}: '{model}' version {version} is not at ready state", detail))
+
+
+def model_not_ready(model: str, detail: str | None = None) -> ModelNotReady:
+    """A model with no version ready yet (still loading, or one that failed to). Triton says "no available
+    versions" and answers 404; the gateway answers 503, since a retry may succeed."""
+    return ModelNotReady(_more(f"{UNKNOWN_MODEL}: '{model}' has no available versions", detail))
+
+
+def no_statistics(model: str, version: int | None = None, detail: str | None = None) -> ModelNotFound:
+    """The statistics extension's own wording for a model (version) with nothing ready to report on."""
+    if version is None:
+        return ModelNotFound(_more(f"requested model '{model}' is not available", detail))
+    return ModelNotFound(_more(f"requested model version is not available for model '{model}'", detail))
+
+
+def poll_failed(model: str, detail: str) -> str:
+    """A load refused before any version is touched: the model is not in the repository, its config cannot be
+    read, or the ``config`` override is not one it can take. Triton fails these while polling the repository."""
+    return f"failed to load '{model}', failed to poll from model repository; {detail}"
+
+
+def load_failed(model: str, version: int, cause: str) -> str:
+    """A load whose version failed to load or to warm up; ``cause`` says why and what keeps serving."""
+    return f"load failed for model '{model}': version {version} is at UNAVAILABLE state: {cause}"
+
+
+def unparsed_json(detail: str) -> str:
+    return f"{JSON_UNPARSED}: {detail}"
+
+
 SHOWN = 40
 """How much of a malformed value (a version string, a datatype) an error message repeats."""
 

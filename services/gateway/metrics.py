@@ -141,6 +141,13 @@ class GatewayMetrics:
             ["model"],
             registry=registry,
         )
+        self.invented_warmup_failures = Counter(
+            "switchyard_invented_warmup_failures_total",
+            "Warm-ups the gateway invented (no manifest samples, no model_warmup) that failed; the version serves "
+            "anyway, as Triton would serve it without a warm-up, and the repository index notes why.",
+            ["model"],
+            registry=registry,
+        )
         self.swap_step = Histogram(
             "switchyard_swap_step_seconds",
             "Duration of each step of a version action (load, warmup, compare, flip, drain, unload).",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
 
-from services.gateway.errors import ModelNotFound
+from services.gateway.errors import unknown_model, unknown_version
 from services.gateway.tensors.datatypes import from_config
 from services.gateway.tensors.types import ModelMetadata, TensorSpec
 from services.modelrepo import layout
@@ -86,7 +86,7 @@ def find(entries: Mapping[str, ModelEntry], model: str) -> ModelEntry:
     try:
         return entries[model]
     except KeyError:
-        raise ModelNotFound(f"unknown model '{model}'") from None
+        raise unknown_model(model) from None
 
 
 @dataclass(frozen=True)
@@ -141,5 +141,5 @@ class Catalog:
         fresh = read_entry(entry.path) if entry.path.is_dir() else replace(entry, available=())
         self._entries = {**self._entries, model: fresh}
         if version not in fresh.available:
-            raise ModelNotFound(f"model '{model}' has no version {version} in the repository")
+            raise unknown_version(model, version, f"the repository has no version {version} of it")
         return fresh

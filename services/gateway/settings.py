@@ -156,6 +156,10 @@ class Settings(BaseSettings):
     """Most header lines an HTTP request may have; beyond them: 431, connection closed."""
     grpc_shutdown_grace_s: float = 5.0
     """How long gRPC calls in flight may finish when the gateway stops."""
+    grpc_health_interval_s: float = 0.5
+    """How often an open ``grpc.health.v1.Health/Watch`` stream re-reads readiness to send a change."""
+    grpc_health_max_watches: int = 100
+    """Open ``grpc.health.v1.Health/Watch`` streams at most; more are refused (RESOURCE_EXHAUSTED)."""
     log_level: str = "info"
     """Log level for the gateway and uvicorn."""
     access_log: bool = False
@@ -190,10 +194,14 @@ class Settings(BaseSettings):
         positive = {
             "max_connections": self.max_connections, "max_header_bytes": self.max_header_bytes,
             "max_header_line_bytes": self.max_header_line_bytes, "max_header_count": self.max_header_count,
+            "grpc_health_max_watches": self.grpc_health_max_watches,
         }
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"SWITCHYARD_{name.upper()} must be at least 1, got {value}")
+        if not self.grpc_health_interval_s > 0:  # NaN too; 0 would poll without pause
+            interval = self.grpc_health_interval_s
+            raise ValueError(f"SWITCHYARD_GRPC_HEALTH_INTERVAL_S must be more than 0, got {interval}")
         if not 1 <= self.priority_levels <= 100:
             raise ValueError(f"SWITCHYARD_PRIORITY_LEVELS must lie between 1 and 100, got {self.priority_levels}")
         if not 1 <= self.default_priority <= self.priority_levels:

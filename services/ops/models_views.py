@@ -82,7 +82,8 @@ def status_view(data: JSONObject) -> RenderableType:
     window = traffic_views.window_table(traffic.get("canary"), routing.get("stable"))
     if data.get("problem"):
         facts.add_row("problem", Text(str(data["problem"]), style="red"))
-    loaded = Table("version", "state", "leases", "on disk", "problem", title="loaded versions", title_justify="left")
+    loaded = Table("version", "state", "leases", "on disk", "problem / note", title="loaded versions",
+                   title_justify="left")
     for row in data.get("loaded", []):
         role = {routing.get("stable"): " (stable)", routing.get("previous"): " (previous)"}.get(row.get("version"), "")
         loaded.add_row(
@@ -90,7 +91,7 @@ def status_view(data: JSONObject) -> RenderableType:
             Text(str(row.get("state"))),
             Text(fmt.v(row.get("leases"))),
             fmt.yes_no(row.get("on_disk")),
-            Text(str(row.get("problem") or ""), style="red"),
+            _problem_or_note(row),
         )
     loaded_versions = {row.get("version") for row in data.get("loaded", [])}
     idle = [v for v in data.get("available", []) if v not in loaded_versions]
@@ -103,6 +104,13 @@ def status_view(data: JSONObject) -> RenderableType:
     if last and last.get("steps"):
         after.add_row("", fmt.steps_text(last["steps"]))
     return Group(head, facts, *([window] if window is not None else []), loaded, after)
+
+
+def _problem_or_note(row: JSONObject) -> Text:
+    """Why a loaded version does not serve (red), else what to know of it though it serves (yellow)."""
+    if row.get("problem"):
+        return Text(str(row["problem"]), style="red")
+    return Text(str(row.get("note") or ""), style="yellow")
 
 
 def events_table(data: JSONObject) -> RenderableType:

@@ -128,6 +128,11 @@ def _sync_model(source: Path, target: Path, model_source: str) -> DerivedModel:
     if (source / layout.WARMUP_DIR).is_dir():
         _sync_tree(source / layout.WARMUP_DIR, target / layout.WARMUP_DIR)
         keep.add(layout.WARMUP_DIR)
+    for output in config.output:  # Triton's classification reads each output's labels from the model folder
+        labels = output.label_filename
+        if labels and "/" not in labels and (source / labels).is_file():
+            _link_or_copy(source / labels, target / labels)
+            keep.add(labels)
     versions = layout.versions(source, config)
     for version in versions:
         version_dir = target / str(version)

@@ -78,7 +78,11 @@ def test_k8s_secret_is_only_a_template_when_committed() -> None:
 def test_k8s_probes_use_the_v2_health_routes_when_parsed() -> None:
     for workload in ("gateway", "triton"):
         (container,) = pod_spec(named("Deployment", workload))["containers"]
-        assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready", workload
+        if workload == "gateway":  # the gRPC health service on the gRPC port: the same readiness, the other listener
+            grpc_port = next(port["containerPort"] for port in container["ports"] if port["name"] == "grpc")
+            assert container["readinessProbe"]["grpc"] == {"port": grpc_port}
+        else:
+            assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready", workload
         assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live", workload
         # A liveness probe on readiness would restart a gateway whose Triton is down (README "Serving").
         assert container["startupProbe"]["httpGet"]["path"] == "/v2/health/live", workload

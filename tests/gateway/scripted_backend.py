@@ -11,7 +11,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from services.gateway.errors import GatewayError, InferenceFailed, ModelNotFound
+from services.gateway.errors import GatewayError, InferenceFailed, unknown_model, unknown_version
 from services.gateway.tensors.types import (
     InferOutput,
     InferRequest,
@@ -75,6 +75,8 @@ class ScriptedBackend:
     real backend, which reads the repository when it loads."""
     loads: list[int] = field(default_factory=list)
     unloads: list[int] = field(default_factory=list)
+    extra_config: str = ""
+    """Appended to ``CONFIG`` in what ``config`` answers (a ``model_warmup``, say)."""
 
     shared_server = False
 
@@ -101,7 +103,7 @@ class ScriptedBackend:
 
     async def load(self, model: str, version: int) -> None:
         if version not in self.on_disk:
-            raise ModelNotFound(f"model 'double' has no version {version} in the repository")
+            raise unknown_version("double", version, f"the repository has no version {version} of it")
         self.loads.append(version)
         self.states[version] = VersionState.LOADING
         if self.load_hold is not None:
@@ -121,7 +123,7 @@ class ScriptedBackend:
 
     async def metadata(self, model: str, version: int) -> ModelMetadata:
         if model != "double":
-            raise ModelNotFound(f"unknown model '{model}'")
+            raise unknown_model(model)
         return ModelMetadata(
             name="double",
             versions=(version,),
@@ -132,7 +134,7 @@ class ScriptedBackend:
         )
 
     async def config(self, model: str, version: int) -> model_config_pb2.ModelConfig:
-        return text_format.Parse(CONFIG, model_config_pb2.ModelConfig())
+        return text_format.Parse(CONFIG + self.extra_config, model_config_pb2.ModelConfig())
 
     async def infer(
         self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int

@@ -24,8 +24,9 @@ from services.gateway.grpc_api import codec as grpc_codec
 from services.gateway.rest.codec import OutputFormat, decode_request, encode_response
 from services.gateway.tensors.bytes_codec import deserialize, serialize
 from services.gateway.tensors.types import InferOutput, InferResponse
+from services.gateway.versions.comparison import max_abs_difference, probe_request
 from services.gateway.versions.shadow import compare
-from services.gateway.versions.warmup import max_abs_difference, probe_request, warmup_requests
+from services.gateway.versions.warmup import warmup_requests
 from tests.string_models import NOT_UTF8, TEXT, strings
 
 elements = st.lists(st.binary(max_size=12), max_size=12)

@@ -16,6 +16,7 @@ from tritonclient.http import InferResult
 from services.gateway.errors import InvalidInput
 from services.gateway.rest.codec import decode_request
 from services.gateway.versions.numbers import parse_version
+from tests.error_texts import malformed_version
 
 BIG = 2**40
 
@@ -38,17 +39,17 @@ def test_parse_version_returns_number_when_plain_decimal(raw: str, version: int 
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ("\u00b2", r"versions are decimal integers like 1 or 12, got '\xb2'"),
-        ("\uff11", r"versions are decimal integers like 1 or 12, got '\uff11'"),
-        ("\u0661", r"versions are decimal integers like 1 or 12, got '\u0661'"),
-        ("01", "versions are decimal integers like 1 or 12, got '01'"),
-        ("-1", "versions are decimal integers like 1 or 12, got '-1'"),
-        (" 1", "versions are decimal integers like 1 or 12, got ' 1'"),
-        ("1_0", "versions are decimal integers like 1 or 12, got '1_0'"),
-        ("x\n", r"versions are decimal integers like 1 or 12, got 'x\n'"),
-        ("1" * 19, f"versions are decimal integers like 1 or 12, got '{'1' * 19}'"),
-        ("1" * 4301, f"versions are decimal integers like 1 or 12, got '{'1' * 40}'... (4301 characters)"),
-        ("0", "versions start at 1, got '0'"),
+        ("\u00b2", malformed_version(r"'\xb2'")),
+        ("\uff11", malformed_version(r"'\uff11'")),
+        ("\u0661", malformed_version(r"'\u0661'")),
+        ("01", malformed_version("'01'")),
+        ("-1", malformed_version("'-1'")),
+        (" 1", malformed_version("' 1'")),
+        ("1_0", malformed_version("'1_0'")),
+        ("x\n", malformed_version(r"'x\n'")),
+        ("1" * 19, malformed_version(f"'{'1' * 19}'")),
+        ("1" * 4301, malformed_version(f"'{'1' * 40}'... (4301 characters)")),
+        ("0", "failed to get model version from specified version string '0'; versions start at 1"),
     ],
     ids=["superscript", "fullwidth", "arabic-indic", "leading-zero", "sign", "space", "underscore", "control",
          "past-int64", "4301-digits", "zero"],
@@ -116,7 +117,7 @@ def test_parse_version_raises_invalid_input_when_malformed(raw: str, message: st
         (b'{"inputs": [], "parameters": {"priority": "1"}}',
          "parameter 'priority' must be a non-negative integer, got the string \"1\""),
         (b'{"inputs": [], "parameters": {"priority": -2}}', "parameter 'priority' must be a non-negative integer"),
-        (b"[" * 2000 + b"]" * 2000, "malformed JSON request body: depth limit exceeded"),
+        (b"[" * 2000 + b"]" * 2000, "failed to parse the request JSON buffer: depth limit exceeded"),
         (b'{"inputs": [], "id": ' + b"[" * 300 + b"]" * 300 + b"}", "'id' must be a string, got a JSON array nested"),
     ],
 )  # fmt: skip
@@ -133,7 +134,7 @@ def test_decode_request_hints_at_header_length_when_binary_body_sent_without_it(
     with pytest.raises(InvalidInput) as caught:
         _decode(body)
     message = str(caught.value)
-    assert message.startswith("request body is not JSON (")
+    assert message.startswith("failed to parse the request JSON buffer: ")
     assert message.endswith(
         "binary tensor data after the JSON needs an Inference-Header-Content-Length header giving the JSON part's "
         "length in bytes"
@@ -244,11 +245,11 @@ VERSIONED = ["/v2/models/double/versions/{}", "/v2/models/double/versions/{}/rea
 @pytest.mark.parametrize(
     ("version", "message"),
     [
-        ("%C2%B2", r"versions are decimal integers like 1 or 12, got '\xb2'"),
-        ("%EF%BC%91", r"versions are decimal integers like 1 or 12, got '\uff11'"),
-        ("01", "versions are decimal integers like 1 or 12, got '01'"),
-        ("1" * 4301, f"versions are decimal integers like 1 or 12, got '{'1' * 40}'... (4301 characters)"),
-        ("0", "versions start at 1, got '0'"),
+        ("%C2%B2", malformed_version(r"'\xb2'")),
+        ("%EF%BC%91", malformed_version(r"'\uff11'")),
+        ("01", malformed_version("'01'")),
+        ("1" * 4301, malformed_version(f"'{'1' * 40}'... (4301 characters)")),
+        ("0", "failed to get model version from specified version string '0'; versions start at 1"),
     ],
     ids=["superscript", "fullwidth", "leading-zero", "4301-digits", "zero"],
 )
@@ -263,7 +264,7 @@ async def test_versioned_routes_answer_400_when_version_malformed(
 async def test_infer_answers_400_when_version_malformed(client: httpx.AsyncClient, version: str) -> None:
     response = await client.post(f"/v2/models/double/versions/{version}/infer", content=_body())
     assert response.status_code == 400
-    assert response.json()["error"].startswith("versions ")
+    assert response.json()["error"].startswith("failed to get model version from specified version string ")
 
 
 @pytest.mark.parametrize(("body", "header_length"), NASTY)

@@ -63,7 +63,7 @@ async def test_versioned_inference_is_answered_by_that_version_when_it_goes_thro
     assert int(response.headers["content-length"]) == len(response.content)
     assert [call[0] for call in backend.calls] == [1]
     assert missing.status_code == 404
-    assert "no version 2 loaded" in missing.json()["error"]
+    assert "'double' version 2 is not found; loaded versions: 1" in missing.json()["error"]
 
 
 async def test_malformed_version_in_the_path_answers_400_when_the_lane_parses_it(client: httpx.AsyncClient) -> None:

@@ -70,10 +70,11 @@ async def test_infer_answers_503_when_version_not_ready(client: httpx.AsyncClien
     backend.states[1] = VersionState.LOADING
     response = await client.post("/v2/models/double/versions/1/infer", json={"inputs": [X]})
     assert response.status_code == 503
-    assert response.json() == {"error": "model 'double' version 1 is not ready (loading)"}
+    not_ready = "Request for unknown model: 'double' version 1 is not at ready state; loading"
+    assert response.json() == {"error": not_ready}
     unversioned = await client.post("/v2/models/double/infer", json={"inputs": [X]})
     assert unversioned.status_code == 503
-    assert unversioned.json() == {"error": "model 'double' version 1 is not ready (loading)"}
+    assert unversioned.json() == {"error": not_ready}
     assert (await client.get("/v2/models/double/ready")).status_code == 503
     assert (await client.get("/v2/health/ready")).status_code == 503
 
@@ -134,7 +135,9 @@ async def test_server_endpoints_answer_when_backend_live(client: httpx.AsyncClie
     assert (await client.get("/v2/health/live")).status_code == 200
     assert (await client.get("/v2/health/ready")).status_code == 200
     extensions = (await client.get("/v2")).json()["extensions"]
-    assert extensions == ["binary_tensor_data", "model_configuration", "model_repository", "statistics"]
+    assert extensions == [
+        "binary_tensor_data", "classification", "model_configuration", "model_repository", "statistics"
+    ]
     config = (await client.get("/v2/models/double/versions/1/config")).json()
     assert (config["name"], config["max_batch_size"]) == ("double", 8)
     metadata = (await client.get("/v2/models/double/versions/1")).json()

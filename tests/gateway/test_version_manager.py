@@ -99,9 +99,38 @@ async def test_activate_keeps_the_old_version_serving_when_loading_fails(
     assert (event["action"], event["result"], event["step"]) == ("activate", "failed", "load")
 
 
-async def test_activate_unloads_the_new_version_when_its_warm_up_fails(
-    client: httpx.AsyncClient, backend: ScriptedBackend
+DECLARED_WARMUP = """
+model_warmup {
+  name: "zeros" batch_size: 1 inputs { key: "x" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } }
+}
+"""
+
+
+async def test_activate_serves_the_version_with_a_note_when_the_warm_up_it_invented_fails(
+    client: httpx.AsyncClient, backend: ScriptedBackend, registry: CollectorRegistry
 ) -> None:
+    backend.wrong_rows.add(2)  # no manifest, no model_warmup: the gateway made the data up, Triton would serve it
+    response = await admin(client, "/versions/2/activate")
+    assert response.status_code == 200, response.text
+    report = response.json()
+    # The comparison leaves out the invented rows the new version answered wrongly, and says so.
+    assert report["comparison"]["skipped"][0].startswith("warm-up request (seeded random rows): output 'y'")
+    assert await served_version(client) == 2
+    note = (await client.post("/v2/repository/index", json={}, headers=ADMIN)).json()
+    entry = next(e for e in note if e.get("version") == "2")
+    assert entry["state"] == "READY"
+    assert entry["reason"].startswith("serving without a full warm-up: warm-up request (zero-filled inputs")
+    assert "output 'y' has shape [2, 4]" in entry["reason"]
+    status = (await client.get("/admin/models/double", headers=ADMIN)).json()
+    assert [v["note"] is not None for v in status["loaded"]] == [False, True]
+    labels = {"model": "double"}
+    assert registry.get_sample_value("switchyard_invented_warmup_failures_total", labels) == 1
+
+
+async def test_activate_unloads_the_new_version_when_its_declared_warm_up_fails(
+    client: httpx.AsyncClient, backend: ScriptedBackend, registry: CollectorRegistry
+) -> None:
+    backend.extra_config = DECLARED_WARMUP
     backend.wrong_rows.add(2)
     response = await admin(client, "/versions/2/activate")
     assert response.status_code == 422
@@ -112,12 +141,13 @@ async def test_activate_unloads_the_new_version_when_its_warm_up_fails(
     status = (await client.get("/admin/models/double", headers=ADMIN)).json()
     assert status["routing"]["stable"] == 1
     assert status["last_action"]["step"] == "warmup"
+    assert registry.get_sample_value("switchyard_invented_warmup_failures_total", {"model": "double"}) is None
 
 
 async def test_activate_answers_404_when_the_version_is_not_in_the_repository(client: httpx.AsyncClient) -> None:
     response = await admin(client, "/versions/9/activate")
     assert response.status_code == 404
-    assert "has no version 9 in the repository" in response.json()["error"]
+    assert "'double' version 9 is not found; the repository has no version 9" in response.json()["error"]
 
 
 async def test_second_action_gets_409_when_a_swap_of_the_model_is_running(

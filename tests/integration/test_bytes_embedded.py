@@ -126,8 +126,9 @@ def test_torchscript_module_takes_and_returns_a_list_of_strings_when_the_tensor_
 def test_torchscript_model_with_2d_strings_is_unavailable_naming_the_limitation_when_requested(
     gateway: RunningGateway,
 ) -> None:
-    """The config fixes the rank, so such a model could never answer: its warm-up refuses it at load, and every
-    request learns why (503, the model is unavailable) instead of a 400 blaming the client."""
+    """The config fixes the rank, so such a model could never answer: its load is refused (as Triton's PyTorch
+    backend refuses it), and every request learns why (503, the model is unavailable) instead of a 400 blaming the
+    client."""
     with httpclient.InferenceServerClient(gateway.http_url) as client:
         assert not client.is_model_ready("echo_ts_2d")
         tensor = httpclient.InferInput("INPUT__0", [1, 2], "BYTES")

@@ -46,7 +46,7 @@ async def test_embedded_backend_unloads_and_reloads_version_when_asked(repositor
         await backend.unload("mlp", 1)  # drains the request already queued
         assert (await pending).outputs[0].data.shape == (2, 8)
         assert backend.models()["mlp"] == {2: VersionState.READY}
-        with pytest.raises(ModelNotFound, match="model 'mlp' has no version 1 loaded"):
+        with pytest.raises(ModelNotFound, match="Request for unknown model: 'mlp' version 1 is not found"):
             await backend.infer(_request(), version=1, timeout_s=None, priority=0)
         await backend.load("mlp", 1)
         assert await backend.ready("mlp", 1)
@@ -69,7 +69,7 @@ async def test_embedded_backend_keeps_other_versions_serving_when_one_fails_to_l
             await backend.load("mlp", 2)
         assert caught.value.status == 503
         assert await backend.ready("mlp", 1)
-        with pytest.raises(ModelNotFound, match="model 'mlp' has no version 9 in the repository"):
+        with pytest.raises(ModelNotFound, match="'mlp' version 9 is not found; the repository has no version 9"):
             await backend.load("mlp", 9)
     finally:
         await backend.close()

@@ -15,6 +15,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from services.gateway.errors import InvalidInput
 from services.gateway.grpc_api.codec import decode_request
+from tests.error_texts import malformed_version
 from tests.gateway_harness import RunningGateway
 
 Request = Any  # service_pb2.ModelInferRequest: protobuf's generated classes are untyped
@@ -116,11 +117,11 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT
 @pytest.mark.parametrize(
     ("version", "message"),
     [
-        ("\u00b2", r"versions are decimal integers like 1 or 12, got '\xb2'"),
-        ("\uff11", r"versions are decimal integers like 1 or 12, got '\uff11'"),
-        ("01", "versions are decimal integers like 1 or 12, got '01'"),
-        ("1" * 4301, f"versions are decimal integers like 1 or 12, got '{'1' * 40}'... (4301 characters)"),
-        ("0", "versions start at 1, got '0'"),
+        ("\u00b2", malformed_version(r"'\xb2'")),
+        ("\uff11", malformed_version(r"'\uff11'")),
+        ("01", malformed_version("'01'")),
+        ("1" * 4301, malformed_version(f"'{'1' * 40}'... (4301 characters)")),
+        ("0", "failed to get model version from specified version string '0'; versions start at 1"),
     ],
     ids=["superscript", "fullwidth", "leading-zero", "4301-digits", "zero"],
 )
@@ -154,7 +155,7 @@ def test_grpc_calls_answer_invalid_argument_when_version_malformed(stub: Any, ve
         ),
         (
             _infer_request(datatype="BYTES", bytes_contents=[b"x"] * 32),
-            "input 'features': expected datatype FP32, got BYTES",
+            "inference input 'features' data-type is 'BYTES', but model 'mlp' expects 'FP32'",
         ),
         (
             _infer_request(shape=(1, -32)),

@@ -11,6 +11,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.error_texts import malformed_version
 from tests.gateway_harness import RunningGateway
 
 pytestmark = pytest.mark.slow  # a gateway on real ports
@@ -25,30 +26,31 @@ def _mlp_input(shape: list[int], datatype: str = "FP32", **extra: Any) -> dict[s
 @pytest.mark.parametrize(
     ("path", "body", "status", "message"),
     [
-        ("/v2/models/nope/infer", {"inputs": [_mlp_input([1, 32])]}, 404, "unknown model 'nope'"),
+        ("/v2/models/nope/infer", {"inputs": [_mlp_input([1, 32])]}, 404,
+         "Request for unknown model: 'nope' is not found"),
         (
             "/v2/models/mlp/versions/3/infer",
             {"inputs": [_mlp_input([1, 32])]},
             404,
-            "model 'mlp' has no version 3 loaded (loaded: 1, 2)",
+            "Request for unknown model: 'mlp' version 3 is not found; loaded versions: 1, 2",
         ),
         (
             "/v2/models/mlp/infer",
             {"inputs": [_mlp_input([1, 32], "INT32")]},
             400,
-            "input 'features': expected datatype FP32, got INT32",
+            "inference input 'features' data-type is 'INT32', but model 'mlp' expects 'FP32'",
         ),
         (
             "/v2/models/mlp/infer",
             {"inputs": [_mlp_input([2, 16])]},
             400,
-            "input 'features': expected shape [-1, 32], got [2, 16]",
+            "unexpected shape for input 'features' for model 'mlp'. Expected [-1,32], got [2,16]",
         ),
         (
             "/v2/models/mlp/infer",
             {"inputs": [_mlp_input([33, 32])]},
             400,
-            "input 'features': batch size 33 is outside 1..32 (max_batch_size of model 'mlp')",
+            "inference request batch-size must be <= 32 for 'mlp'; input 'features' has 33 rows",
         ),
         (
             "/v2/models/mlp/infer",
@@ -60,14 +62,20 @@ def _mlp_input(shape: list[int], datatype: str = "FP32", **extra: Any) -> dict[s
             "/v2/models/mlp/infer",
             {"inputs": [{**_mlp_input([1, 32]), "name": "pixels"}]},
             400,
-            "unexpected input 'pixels' for model 'mlp'; expected inputs: 'features'",
+            "unexpected inference input 'pixels' for model 'mlp'; expected inputs: 'features'",
         ),
-        ("/v2/models/mlp/infer", {"inputs": []}, 400, "missing input(s) 'features' for model 'mlp'"),
+        (
+            "/v2/models/mlp/infer",
+            {"inputs": []},
+            400,
+            "expected 1 inputs but got 0 inputs for model 'mlp'. Got input(s) [], but missing required input(s) "
+            "['features']",
+        ),
         (
             "/v2/models/mlp/infer",
             {"inputs": [_mlp_input([1, 32])], "outputs": [{"name": "scores"}]},
             400,
-            "unknown output 'scores' requested from model 'mlp'; expected outputs: logits, probabilities",
+            "unexpected inference output 'scores' for model 'mlp'; expected outputs: logits, probabilities",
         ),
         (
             "/v2/models/mlp/infer",
@@ -103,7 +111,7 @@ def test_http_infer_answers_v2_error_when_request_invalid(
 @pytest.mark.parametrize(
     ("content", "headers", "message"),
     [
-        (b"{not json", {}, "malformed JSON request body"),
+        (b"{not json", {}, "failed to parse the request JSON buffer"),
         (b"[1, 2]", {}, "request body must be a JSON object with an 'inputs' list"),
         (b"{}", {"Inference-Header-Content-Length": "abc"}, "Inference-Header-Content-Length must be an integer"),
         (b"{}", {"Inference-Header-Content-Length": "99"}, "Inference-Header-Content-Length is 99 but the body has 2"),
@@ -154,11 +162,11 @@ def test_http_infer_answers_400_when_binary_framing_wrong(
 
 def test_http_metadata_answers_404_when_model_or_version_unknown(gateway: RunningGateway) -> None:
     base = f"http://{gateway.http_url}/v2/models"
-    assert httpx.get(f"{base}/nope").json() == {"error": "unknown model 'nope'"}
+    assert httpx.get(f"{base}/nope").json() == {"error": "Request for unknown model: 'nope' is not found"}
     assert httpx.get(f"{base}/nope").status_code == 404
     response = httpx.get(f"{base}/mlp/versions/x/config")  # not a version at all: the client's mistake
     assert response.status_code == 400
-    assert response.json() == {"error": "versions are decimal integers like 1 or 12, got 'x'"}
+    assert response.json() == {"error": malformed_version("'x'")}
     assert httpx.get(f"{base}/mlp/versions/5/ready").status_code == 404
     assert httpx.get(f"http://{gateway.http_url}/v2/nothing-here").json() == {"error": "Not Found"}
 
@@ -173,7 +181,9 @@ def test_http_client_raises_with_status_and_message_when_rejected(gateway: Runni
     finally:
         client.close()
     assert caught.value.status() == "400"
-    assert caught.value.message() == "input 'features': expected shape [-1, 32], got [1, 16]"
+    assert caught.value.message().startswith(
+        "unexpected shape for input 'features' for model 'mlp'. Expected [-1,32], got [1,16]"
+    )
 
 
 def test_rejections_are_counted_when_requests_invalid(gateway: RunningGateway) -> None:

@@ -172,7 +172,7 @@ def test_models_activate_exits_1_with_the_server_error_when_the_version_is_not_o
     assert result.exit_code == 1
     line = one_error_line(result)
     assert "failed at step 'load'" in line
-    assert "no version 9 in the repository; version 2 keeps serving" in line
+    assert "version 9 is not found; the repository has no version 9 of it; version 2 keeps serving" in line
 
 
 @pytest.mark.slow  # a gateway on real ports
@@ -188,7 +188,7 @@ def test_models_unload_and_rollback_exit_1_with_the_conflict_when_the_state_forb
     assert rollback.exit_code == 1
     assert one_error_line(rollback) == "error: model 'mlp' has no previous version to roll back to"
     unknown = models(shared, "status", "nope")
-    assert (unknown.exit_code, one_error_line(unknown)) == (1, "error: unknown model 'nope'")
+    assert (unknown.exit_code, one_error_line(unknown)) == (1, "error: Request for unknown model: 'nope' is not found")
 
 
 @pytest.mark.slow  # a gateway on real ports

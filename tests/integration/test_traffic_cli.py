@@ -165,7 +165,7 @@ def test_traffic_and_shadow_exit_1_with_the_server_message_when_the_gateway_refu
     assert one_error_line(stable) == "error: version 2 is the stable version of model 'mlp'; pick another"
     missing = models(gateway, "traffic", "mlp", "--canary", "9", "--weight", "20")
     assert missing.exit_code == 1
-    assert "failed at step 'load': model 'mlp' has no version 9" in one_error_line(missing)
+    assert "failed at step 'load': Request for unknown model: 'mlp' version 9 is not found" in one_error_line(missing)
     sample = models(gateway, "shadow", "mlp", "--version", "1", "--sample", "2")
     assert sample.exit_code == 1
     assert one_error_line(sample) == "error: 'sample' must be a number from 0 to 1, got 2"

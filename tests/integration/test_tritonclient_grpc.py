@@ -63,10 +63,11 @@ def test_grpc_infer_accepts_typed_contents_when_raw_contents_absent(
 @pytest.mark.parametrize(
     ("model", "version", "shape", "code", "message"),
     [
-        ("nope", "", [1, 32], "StatusCode.NOT_FOUND", "unknown model 'nope'"),
-        ("mlp", "9", [1, 32], "StatusCode.NOT_FOUND", "model 'mlp' has no version 9 loaded"),
-        ("mlp", "", [1, 31], "StatusCode.INVALID_ARGUMENT", "input 'features': expected shape [-1, 32], got [1, 31]"),
-        ("mlp", "", [33, 32], "StatusCode.INVALID_ARGUMENT", "batch size 33 is outside 1..32"),
+        ("nope", "", [1, 32], "StatusCode.NOT_FOUND", "Request for unknown model: 'nope' is not found"),
+        ("mlp", "9", [1, 32], "StatusCode.NOT_FOUND", "Request for unknown model: 'mlp' version 9 is not found"),
+        ("mlp", "", [1, 31], "StatusCode.INVALID_ARGUMENT",
+         "unexpected shape for input 'features' for model 'mlp'. Expected [-1,32], got [1,31]"),
+        ("mlp", "", [33, 32], "StatusCode.INVALID_ARGUMENT", "inference request batch-size must be <= 32 for 'mlp'"),
     ],
 )
 def test_grpc_client_gets_matching_status_when_request_rejected(

@@ -24,9 +24,9 @@ from services.gateway.rest.responses import JSONBytesResponse
 from services.gateway.rest.route_table import add_route_table
 from services.gateway.shaping.admin_auth import AdminAuth
 from services.gateway.tensors.types import VersionState
+from services.gateway.versions.comparison import compare_versions
 from services.gateway.versions.manager import VersionManager
 from services.gateway.versions.numbers import parse_version
-from services.gateway.versions.warmup import compare_versions
 
 UI = Path(__file__).with_name("ui")
 ASSETS = {

@@ -26,6 +26,10 @@ class Backend(Protocol):
     """Whether ``infer`` itself fails with ``DeadlineExceeded`` once ``timeout_s`` has passed (the embedded batcher's
     timer, Triton's gRPC deadline): then the dataplane arms no timer of its own around the call."""
 
+    forwards_parameters: bool
+    """Whether ``infer`` hands a request's own parameters (``InferRequest.parameters``) to the model (Triton passes
+    them to its backends, the sequence ones to its sequence batcher); the dataplane refuses them otherwise."""
+
     async def adopt(self, model: str, versions: Collection[int]) -> None:
         """Another gateway changed the model's versions on the shared server: want exactly ``versions`` (what the
         routing record says the gateways keep loaded) from now on, without asking the server for anything."""

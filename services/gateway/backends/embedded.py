@@ -17,9 +17,16 @@ from services.extras import MissingExtra
 from services.gateway import repository
 from services.gateway.backends.base import describe_problem
 from services.gateway.backends.placement import Placement
-from services.gateway.backends.runners import Runner, UnsupportedModel, build_runner, check_supported, runtime_inputs
+from services.gateway.backends.runners import (
+    Runner,
+    UnsupportedModel,
+    build_runner,
+    check_string_ranks,
+    check_supported,
+    runtime_inputs,
+)
 from services.gateway.batching.batcher import BatchPolicy, DynamicBatcher, ExecutedBatch, Observer
-from services.gateway.errors import GatewayError, ModelNotFound, ModelNotReady
+from services.gateway.errors import GatewayError, ModelNotReady, unknown_version, version_not_ready
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.statistics import VersionStatistics
 from services.gateway.tensors.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
@@ -72,6 +79,7 @@ class EmbeddedBackend:
 
     shared_server = False
     enforces_deadlines = True  # the batcher fails a request at its deadline, queued or running
+    forwards_parameters = False  # onnxruntime and TorchScript take tensors only
 
     async def adopt(self, model: str, versions: Collection[int]) -> None:
         """Every gateway runs its own copies: nothing to adopt."""
@@ -160,7 +168,7 @@ class EmbeddedBackend:
     async def unload(self, model: str, version: int) -> None:
         self._catalog.entry(model)
         if version not in self._versions.get(model, {}):
-            raise ModelNotFound(f"model '{model}' version {version} is not loaded")
+            raise unknown_version(model, version, "not loaded")
         await self._discard(model, version, drain=True)
 
     async def ready(self, model: str, version: int) -> bool:
@@ -184,7 +192,7 @@ class EmbeddedBackend:
             slot = self._slot(request.model, version)  # raises, naming what is missing
         batcher = slot.batcher
         if slot.state is not VersionState.READY or batcher is None:
-            raise ModelNotReady(f"model '{request.model}' version {version} is not ready")
+            raise version_not_ready(request.model, version, slot.state.value.lower())
         inputs = runtime_inputs(slot.config, request.model, request.inputs)  # BYTES as the runtime's text
         statistics, began = slot.statistics, time.perf_counter()
         try:
@@ -216,7 +224,7 @@ class EmbeddedBackend:
         self._catalog.entry(model)
         slot = self._versions.get(model, {}).get(version)
         if slot is None:
-            raise ModelNotFound(f"model '{model}' has no version {version} loaded")
+            raise unknown_version(model, version, "not loaded")
         return slot
 
     async def _discard(self, model: str, version: int, *, drain: bool) -> None:
@@ -234,6 +242,7 @@ class EmbeddedBackend:
         config = entry.config
         path = entry.model_path(version)
         assert path is not None  # _model_problem refuses models without a model file
+        check_string_ranks(config, entry.name)
         return build_runner(
             entry.platform,
             path,

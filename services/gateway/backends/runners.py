@@ -45,6 +45,21 @@ def check_supported(platform: str) -> None:
     )
 
 
+def check_string_ranks(config: model_config_pb2.ModelConfig, model: str) -> None:
+    """Refuse a TorchScript model with a BYTES input of more than one dimension, batch dim included: no request
+    could reach it as a ``List[str]``. Triton's PyTorch backend refuses the load too."""
+    if layout.platform(config) != layout.TORCHSCRIPT_PLATFORM:
+        return
+    for tensor in config.input:
+        dims = [*([-1] if config.max_batch_size > 0 else []), *tensor.dims]
+        if tensor.data_type == model_config_pb2.TYPE_STRING and len(dims) > 1:
+            raise UnsupportedModel(
+                f"TorchScript model '{model}' input '{tensor.name}' is BYTES: TorchScript takes strings as a "
+                f"List[str], so only 1-D BYTES tensors can be served (as with Triton's PyTorch backend); the config "
+                f"declares {len(dims)} dimensions{' (the batch dim included)' if config.max_batch_size > 0 else ''}"
+            )
+
+
 def build_runner(
     platform: str, path: Path, inputs: list[str], outputs: list[str], *, threads: int, spinning: bool
 ) -> Runner:

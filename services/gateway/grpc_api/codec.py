@@ -7,17 +7,20 @@ range, since the proto fields are wider than the small types (``int_contents`` c
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from services.gateway.errors import InvalidInput
+from services.gateway.errors import InvalidInput, shown
 from services.gateway.grpc_api.shared_memory import output_regions, put_parameters, region_input, shared_parameters
 from services.gateway.tensors.bytes_codec import BYTES, deserialize, raw_bytes
+from services.gateway.tensors.classification import CLASSIFICATION
 from services.gateway.tensors.datatypes import checked_shape, narrow, numpy_dtype, shaped
+from services.gateway.tensors.parameters import INPUT_GRPC, OUTPUT_GRPC, REQUEST_READ, Scalar, check_tensor_parameters
 from services.gateway.tensors.regions import NO_REGIONS, TensorRegions
-from services.gateway.tensors.types import InferInput, InferRequest, InferResponse, ModelMetadata
+from services.gateway.tensors.types import NO_PARAMETERS, InferInput, InferRequest, InferResponse, ModelMetadata
 from services.gateway.versions.numbers import parse_version
 
 _CONTENTS = {
@@ -51,20 +54,22 @@ _INTEGER_PARAMS = ("int64_param", "uint64_param")
 def decode_request(message: Any, regions: TensorRegions = NO_REGIONS) -> InferRequest:
     """``regions``: the caller's shared-memory regions, which tensor parameters may name."""
     raw = message.raw_input_contents
-    shared = [shared_parameters(tensor.parameters) for tensor in message.inputs]
-    sent = shared.count(None)  # as in Triton, inputs in shared memory have no raw_input_contents entry
-    if raw and len(raw) != sent:
-        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {sent} inputs")
-    contents = iter(raw)
-    inputs = [
-        _decode_input(tensor, next(contents) if raw else None) if params is None
-        else region_input(tensor, params, regions)
-        for tensor, params in zip(message.inputs, shared, strict=True)
-    ]
+    tensors = message.inputs
+    given = [tensor.parameters or None for tensor in tensors]  # each read of the field builds a wrapper: once
+    if given.count(None) == len(given):  # the common case: no tensor parameters, every input's data in the message
+        if raw and len(raw) != len(given):
+            raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(given)} inputs")
+        inputs = (
+            [_decode_input(tensor, data, None) for tensor, data in zip(tensors, raw, strict=True)] if raw
+            else [_decode_input(tensor, None, None) for tensor in tensors]
+        )
+    else:
+        inputs = _decode_inputs(tensors, raw, given, regions)
     params = message.parameters
     timeout = _natural(params, "timeout") if params else None  # microseconds, as in Triton (int64_param)
     outputs = message.outputs
     raw_version = message.model_version
+    classes = _classification(outputs) if outputs else NO_PARAMETERS
     return InferRequest(
         model=message.model_name,
         version=parse_version(raw_version) if raw_version else None,
@@ -73,11 +78,67 @@ def decode_request(message: Any, regions: TensorRegions = NO_REGIONS) -> InferRe
         outputs=tuple(dict.fromkeys([o.name for o in outputs])) if outputs else None,  # twice named, once answered
         timeout_s=timeout / 1e6 if timeout else None,
         priority=(_natural(params, "priority") or 0) if params else 0,  # tritonclient sends a uint64_param
+        parameters=_forwardable(params) if params else NO_PARAMETERS,
+        classification=classes,
         output_regions=output_regions(outputs, regions) if outputs else {},
     )
 
 
-def _decode_input(tensor: Any, raw: bytes | None) -> InferInput:
+def _decode_inputs(tensors: Any, raw: Any, given: list[Any], regions: TensorRegions) -> list[InferInput]:
+    """Inputs some of which have parameters (``given``, by position): shared memory, a declared size."""
+    pairs = zip(tensors, given, strict=True)
+    shared = [None if params is None else _shared(tensor, params) for tensor, params in pairs]
+    sent = shared.count(None)  # as in Triton, inputs in shared memory have no raw_input_contents entry
+    if raw and len(raw) != sent:
+        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {sent} inputs")
+    contents = iter(raw)
+    return [
+        _decode_input(tensor, next(contents) if raw else None, params) if region is None
+        else region_input(tensor, region, regions)
+        for tensor, params, region in zip(tensors, given, shared, strict=True)
+    ]
+
+
+def _shared(tensor: Any, params: Any) -> dict[str, Any] | None:
+    """An input's ``shared_memory_*`` parameters (None: it names none), after refusing any the gateway does not
+    know."""
+    check_tensor_parameters("input", tensor.name, params, INPUT_GRPC)
+    return shared_parameters(params)
+
+
+def _forwardable(params: Any) -> Mapping[str, Scalar]:
+    """The request parameters the gateway does not apply itself, as plain values (each ``InferParameter`` holds
+    one)."""
+    found: dict[str, Scalar] = {}
+    for key, parameter in params.items():
+        if key in REQUEST_READ:
+            continue
+        kind = parameter.WhichOneof("parameter_choice")
+        if kind is None:
+            raise InvalidInput(f"parameter {shown(key)} has no value")
+        found[key] = getattr(parameter, kind)
+    return found or NO_PARAMETERS
+
+
+def _classification(outputs: Any) -> Mapping[str, int]:
+    """Requested outputs with a ``classification`` count (tritonclient's ``class_count``: an int64_param), after
+    refusing output parameters the gateway does not know."""
+    found: dict[str, int] = {}
+    for output in outputs:
+        params = output.parameters
+        if not params:
+            continue
+        check_tensor_parameters("output", output.name, params, OUTPUT_GRPC)
+        count = _natural(params, CLASSIFICATION, f"output '{output.name}': ")
+        if count:  # 0 asks for the raw output, as in Triton
+            found[output.name] = count
+        else:
+            found.pop(output.name, None)
+    return found or NO_PARAMETERS
+
+
+def _decode_input(tensor: Any, raw: bytes | None, params: Any) -> InferInput:
+    """``params``: the input's parameters when it has any (``None`` otherwise)."""
     name, datatype = tensor.name, tensor.datatype
     shape = checked_shape(tensor.shape, name)
     dtype = numpy_dtype(datatype, name)
@@ -89,6 +150,8 @@ def _decode_input(tensor: Any, raw: bytes | None) -> InferInput:
             raise InvalidInput(
                 f"input '{name}': give each input's data either in contents or in raw_input_contents, not both"
             )
+        if params is not None and "binary_data_size" in params:
+            _check_declared_size(params, name, len(raw))
         if datatype == BYTES:  # raw holds the serialized strings, of no fixed size
             return InferInput(name, datatype, shape, deserialize(raw, shape, name))
         if len(raw) != count * dtype.itemsize:
@@ -97,6 +160,8 @@ def _decode_input(tensor: Any, raw: bytes | None) -> InferInput:
                 f"got {len(raw)}"
             )
         return InferInput(name, datatype, shape, shaped(np.frombuffer(raw, dtype=dtype), shape, name))
+    if params is not None and "binary_data_size" in params:
+        raise InvalidInput(f"input '{name}': binary_data_size is given but its data is not in raw_input_contents")
     field = _CONTENTS.get(datatype)
     if field is None:
         raise InvalidInput(f"input '{name}': {datatype} data must be sent in raw_input_contents")
@@ -110,16 +175,27 @@ def _decode_input(tensor: Any, raw: bytes | None) -> InferInput:
     return InferInput(name, datatype, shape, shaped(data, shape, name))
 
 
-def _natural(params: Any, key: str) -> int | None:
+def _check_declared_size(params: Any, name: str, size: int) -> None:
+    """A ``binary_data_size`` given with raw contents (KServe's client sends one) must be what came."""
+    declared = _natural(params, "binary_data_size", f"input '{name}': ")
+    if declared != size:
+        raise InvalidInput(
+            f"input '{name}': binary_data_size is {declared} but its raw_input_contents entry has {size} bytes"
+        )
+
+
+def _natural(params: Any, key: str, where: str = "") -> int | None:
     """A non-negative integer parameter, or None when absent; Triton's own clients send int64 or uint64."""
     if key not in params:
         return None
     kind = params[key].WhichOneof("parameter_choice")
     if kind not in _INTEGER_PARAMS:
-        raise InvalidInput(f"parameter '{key}' must be an int64_param or uint64_param, got {kind or 'no value'}")
+        raise InvalidInput(
+            f"{where}parameter '{key}' must be an int64_param or uint64_param, got {kind or 'no value'}"
+        )
     value: int = getattr(params[key], kind)
     if value < 0:
-        raise InvalidInput(f"parameter '{key}' must be a non-negative integer, got {value}")
+        raise InvalidInput(f"{where}parameter '{key}' must be a non-negative integer, got {value}")
     return value
 
 

@@ -6,9 +6,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2_grpc
 from tritonclient.grpc import service_pb2_grpc
 
 from services.gateway.dataplane import DataPlane
+from services.gateway.grpc_api.health import HealthService
 from services.gateway.grpc_api.servicer import InferenceServicer
 from services.gateway.repository_api import RepositoryApi
 
@@ -46,6 +48,19 @@ class GenericHandlersOnly:
         return None  # the same table the generic handler holds
 
 
+class GatewayServer:
+    """The started ``grpc.aio`` server and its health service, stopped together: the health watches end first (with
+    NOT_SERVING), so that the grace period only waits for calls that finish by themselves."""
+
+    def __init__(self, server: grpc.aio.Server, health: HealthService) -> None:
+        self.server = server
+        self.health = health
+
+    async def stop(self, grace_s: float | None) -> None:
+        self.health.close()
+        await self.server.stop(grace_s)
+
+
 def receive_limit(max_message_bytes: int) -> int:
     """What gRPC itself accepts: twice the gateway's limit (at least 1 MiB more), within gRPC's int32 option."""
     return min(max_message_bytes + max(max_message_bytes, 1 << 20), 2**31 - 1)
@@ -61,13 +76,16 @@ async def start_server(
     max_metadata_bytes: int,
     connection_idle_s: float | None = None,
     handshake_timeout_s: float | None = None,
-) -> tuple[grpc.aio.Server, int]:
+    health_interval_s: float = 0.5,
+    health_max_watches: int = 100,
+) -> tuple[GatewayServer, int]:
     """Start a ``grpc.aio`` server on the running loop (the same one uvicorn serves HTTP on).
 
     ``max_metadata_bytes``: a call whose metadata (HTTP/2 headers) exceed it is refused by gRPC itself while they
     are read (the HTTP listener's ``max_header_bytes``). ``connection_idle_s``: a connection without calls for this
     long gets GOAWAY and closes; ``handshake_timeout_s``: a connection that has not completed the HTTP/2 handshake by
-    then is closed (a silent socket). None: gRPC's defaults (never, and 120 s)."""
+    then is closed (a silent socket). None: gRPC's defaults (never, and 120 s). ``health_interval_s`` and
+    ``health_max_watches``: the standard health service's watches (``grpc_api/health.py``)."""
     options: list[tuple[str, int]] = [
         # gRPC's own limit sits above the gateway's so that a message over ``max_message_bytes`` reaches the
         # admission step, which refuses it (RESOURCE_EXHAUSTED) and counts it as REST counts a 413. Beyond twice
@@ -83,8 +101,9 @@ async def start_server(
         ("grpc.absolute_max_metadata_size", max_metadata_bytes),
         *PING_POLICY,
     ]
-    # No grpc.max_connection_age_ms (nor its grace): every method is unary, so a busy connection holds nothing
-    # long; forcing reconnects would only cost handshakes.
+    # No grpc.max_connection_age_ms (nor its grace): every method but the health Watch is unary, so a busy
+    # connection holds nothing long (a watch is bounded by grpc_health_max_watches); forcing reconnects would only
+    # cost handshakes.
     if connection_idle_s is not None:
         options.append(("grpc.max_connection_idle_ms", max(int(connection_idle_s * 1000), 1)))
     if handshake_timeout_s is not None:
@@ -92,6 +111,8 @@ async def start_server(
     server = grpc.aio.server(options=options)
     servicer = InferenceServicer(dataplane, repository=repository)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, GenericHandlersOnly(server))
+    health = HealthService(dataplane, interval_s=health_interval_s, max_watches=health_max_watches)
+    health_pb2_grpc.add_HealthServicer_to_server(health, GenericHandlersOnly(server))
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
-    return server, bound
+    return GatewayServer(server, health), bound

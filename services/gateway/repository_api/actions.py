@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from services.gateway.errors import GatewayError, InvalidInput, ModelNotFound
+from services.gateway.errors import GatewayError, InvalidInput, ModelNotFound, SwapFailed, load_failed, poll_failed
 from services.gateway.repository import ModelEntry, read_entry
 from services.gateway.repository_api.overrides import apply_override, describe_policy
 from services.gateway.state import Event, RoutingRecord
@@ -40,7 +40,9 @@ class RepositoryActions:
         if model not in manager.catalog.entries:  # a new folder: read it in, as the repository poller would
             await scan_repository(manager, actor)
             if model not in manager.catalog.entries:
-                raise ModelNotFound(f"unknown model '{model}': the repository has no such folder with a config.pbtxt")
+                raise ModelNotFound(
+                    poll_failed(model, "the repository has no folder of that name with a config.pbtxt")
+                )
         async with manager.exclusive(model, LOAD, None) as steps:
             entry = await self._read(model)
             config, selected = await self._selection(model, entry, override)
@@ -51,6 +53,11 @@ class RepositoryActions:
 
     async def unload(self, model: str, actor: str) -> ActionReport:
         manager = self._manager
+        if model not in manager.catalog.entries:
+            # Triton answers success for a model it does not have; so does the gateway, saying what it found.
+            note = f"model '{model}' is not in the repository: nothing to unload"
+            log.warning("%s (%s, asked by %s)", UNLOAD, note, actor)
+            return ActionReport(model, UNLOAD, "unchanged", {"stable": None}, {}, note=note)
         async with manager.exclusive(model, UNLOAD, None) as steps:
             record = manager.router.record(model)
             routed = record is not None and not record.unloaded
@@ -72,10 +79,10 @@ class RepositoryActions:
         """The model's folder as it is on disk now (config and versions): a load re-reads them, as Triton's does."""
         path = self._manager.catalog.entry(model).path
         if not path.is_dir():
-            raise ModelNotFound(f"model '{model}' is gone from the repository (no folder {path})")
+            raise ModelNotFound(poll_failed(model, f"it is gone from the repository (no folder {path})"))
         entry = await asyncio.to_thread(read_entry, path)
         if entry.problem is not None:
-            raise GatewayError(f"model '{model}' cannot be loaded: {entry.problem}", 422)
+            raise GatewayError(poll_failed(model, entry.problem), 422)
         return entry
 
     async def _selection(
@@ -83,7 +90,11 @@ class RepositoryActions:
     ) -> tuple[mc.ModelConfig, tuple[int, ...]]:
         config = entry.config
         if override is not None:
-            config = apply_override(model, override, entry.config, await self._served(model))
+            served = await self._served(model)
+            try:
+                config = apply_override(model, override, entry.config, served)
+            except InvalidInput as exc:  # Triton refuses a bad override as it polls the repository
+                raise InvalidInput(poll_failed(model, str(exc))) from None
         selected = select_versions(config, entry.available)
         if not selected:
             source = "the config override's" if override is not None else "config.pbtxt's"
@@ -92,7 +103,8 @@ class RepositoryActions:
                 f"{source} version_policy ({describe_policy(config)}) selects no version of model '{model}' "
                 f"on disk (version folders: {available})"
             )
-            raise InvalidInput(message) if override is not None else GatewayError(message, 422)
+            refused = poll_failed(model, message)
+            raise InvalidInput(refused) if override is not None else GatewayError(refused, 422)
         return config, selected
 
     async def _served(self, model: str) -> mc.ModelConfig | None:
@@ -127,7 +139,14 @@ class RepositoryActions:
             for version in loaded_here:
                 await manager.quietly(manager.backend.unload(model, version), f"unloading version {version}")
             manager.metrics.version_switches.labels(model, "failed").inc()
-            raise await failed(manager, steps, exc, versions, actor, old) from None
+            swap = await failed(manager, steps, exc, versions, actor, old)
+            if swap.step not in ("load", "warmup"):
+                raise swap from None
+            # The version itself failed: told in Triton's words, then which step and what keeps serving.
+            keeps = f"; version {old} keeps serving" if old is not None else ""
+            cause = f"{exc} (failed at step '{swap.step}'{keeps})"
+            version = steps.progress.version or target
+            raise SwapFailed(load_failed(model, version, cause), swap.step, swap.status) from None
         flipped_at = None
         if routed is not None and old != target:
             flipped_at = steps.mark_flip()

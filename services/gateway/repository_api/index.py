@@ -1,5 +1,6 @@
 """The repository index: every model of the repository with each version on disk or loaded, in Triton's states
-(``READY``, ``LOADING``, ``UNLOADING``, ``UNAVAILABLE``) and with the reason the gateway knows for the state."""
+(``READY``, ``LOADING``, ``UNLOADING``, ``UNAVAILABLE``) and with the reason the gateway knows for the state (for a
+``READY`` version, a note when its invented warm-up failed)."""
 
 from __future__ import annotations
 
@@ -66,7 +67,9 @@ def _state(
     if state is VersionState.READY:
         if version in leaving:
             return UNLOADING, ""
-        return (LOADING, "warming up") if arriving else (READY, "")
+        # A version that serves has no reason in Triton's index; the gateway's note (its invented warm-up failed)
+        # takes the field, the only free text both protocols' index answers carry.
+        return (LOADING, "warming up") if arriving else (READY, manager.notes.get((model, version), ""))
     if state is VersionState.LOADING or arriving:
         return LOADING, ""
     record = manager.router.record(model)

@@ -10,18 +10,27 @@ class AnswerHeaders:
     """An inference answer's own headers, from constants and integers, with a ``content-length`` that is its body's:
     the direct answer writes ``rendered()`` as it is; any other server iterates the ``(name, value)`` pairs."""
 
-    __slots__ = ("length", "version", "header_length")
+    __slots__ = ("length", "version", "header_length", "extra")
 
-    def __init__(self, length: int, version: int, header_length: int | None) -> None:
+    def __init__(
+        self, length: int, version: int, header_length: int | None, extra: tuple[tuple[bytes, bytes], ...] = ()
+    ) -> None:
         self.length = length
         self.version = version
         self.header_length = header_length
-        """The JSON part's length when binary outputs follow it (``None``: the body is all JSON)."""
+        """The JSON part's length when binary outputs follow it (``None``: the body is all JSON); in a compressed
+        answer, the length before compression (what tritonclient splits the inflated body at, as with Triton)."""
+        self.extra = extra
+        """Constant headers beyond these, when the client sent ``Accept-Encoding``: the answer's coding, ``Vary``."""
 
     def rendered(self) -> bytes:
         if self.header_length is None:
-            return _JSON_HEAD % (self.length, self.version)
-        return _BINARY_HEAD % (self.length, self.version, self.header_length)
+            head = _JSON_HEAD % (self.length, self.version)
+        else:
+            head = _BINARY_HEAD % (self.length, self.version, self.header_length)
+        if self.extra:
+            return head + b"".join([name + b": " + value + b"\r\n" for name, value in self.extra])
+        return head
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
         header_length = self.header_length
@@ -30,6 +39,7 @@ class AnswerHeaders:
         yield b"x-model-version", b"%d" % self.version
         if header_length is not None:
             yield b"inference-header-content-length", b"%d" % header_length
+        yield from self.extra
 
 
 _JSON_HEAD = b"content-type: application/json\r\ncontent-length: %d\r\nx-model-version: %d\r\n"

@@ -10,6 +10,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive
 
 from services.gateway.errors import InvalidInput, PayloadTooLarge
+from services.gateway.rest.compression import Inflater
 from services.gateway.shaping.json_limits import client_json
 
 
@@ -53,6 +54,23 @@ async def read_body(receive: Receive, limit: int) -> bytes:
             break
     _check_size(size, limit)
     return b"".join(chunks)
+
+
+async def read_inflated_body(receive: Receive, limit: int, inflater: Inflater) -> bytes:
+    """The body of a request sent with a ``Content-Encoding``, inflated: the compressed bytes are held to ``limit``
+    as they arrive (as in ``read_body``) and each piece is inflated at once, so that neither the compressed nor the
+    inflated body is ever held past the limit (the inflater refuses the inflated bytes past it)."""
+    received = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        chunk: bytes = message.get("body", b"")
+        received += len(chunk)
+        _check_size(received, limit)
+        inflater.feed(chunk)
+        if not message.get("more_body", False):
+            return inflater.finish()
 
 
 def _check_size(size: int, limit: int) -> None:

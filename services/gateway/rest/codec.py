@@ -7,23 +7,28 @@ Duplicate keys in a JSON object are not an error: the last one wins, as with orj
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 
-from services.gateway.errors import InvalidInput, shown
+from services.gateway.errors import InvalidInput, shown, unparsed_json
 from services.gateway.rest.values import described, from_json, native_json, to_json
 from services.gateway.tensors.bytes_codec import BYTES, as_bytes, from_binary, has_json_form
+from services.gateway.tensors.classification import CLASSIFICATION
 from services.gateway.tensors.datatypes import checked_shape, numpy_dtype, shaped
+from services.gateway.tensors.parameters import INPUT_HTTP, OUTPUT_HTTP, check_tensor_parameters, scalar
 from services.gateway.tensors.regions import NO_REGIONS, TensorRegions, names_region
 from services.gateway.tensors.shared_memory import RegionSlice
-from services.gateway.tensors.types import Array, InferInput, InferRequest, InferResponse
+from services.gateway.tensors.types import NO_PARAMETERS, Array, InferInput, InferRequest, InferResponse
 from services.gateway.versions.numbers import MAX_DIGITS
 
 HEADER_LENGTH = "inference-header-content-length"
 _INT = frozenset({int})
+_READ = frozenset({"binary_data_output", "timeout", "priority"})
+"""The request parameters the gateway applies itself; the rest travel in ``InferRequest.parameters``."""
 _NOT_JSON_HINTS = ("str is not valid UTF-8", "unexpected content after document")
 """orjson's words for bytes after the JSON: what a binary body sent without its header length looks like."""
 
@@ -61,18 +66,19 @@ def decode_request(
         raise InvalidInput(f"binary data has {len(body) - offset} bytes not claimed by any input's binary_data_size")
     raw_params = header.get("parameters", ABSENT)
     if raw_params is ABSENT:  # the common case: nothing to read (a null is refused below, as any non-object)
-        params: dict[str, Any] = {}
+        params: Mapping[str, Any] = NO_PARAMETERS
         binary_default, timeout, priority = False, None, 0
     else:
-        params = _object(raw_params, "'parameters'")
-        binary_default = _flag(params, "binary_data_output", "")
-        timeout = _natural(params, "timeout", " (microseconds)")
-        priority = _natural(params, "priority", "") or 0
+        given = _object(raw_params, "'parameters'")
+        binary_default = _flag(given, "binary_data_output", "")
+        timeout = _natural(given, "timeout", " (microseconds)")
+        priority = _natural(given, "priority", "") or 0
+        params = {k: scalar(k, v) for k, v in given.items() if k not in _READ} if given.keys() - _READ else {}
     raw_outputs = header.get("outputs")
     if raw_outputs is None:
-        requested, fmt, targets = None, BINARY if binary_default else JSON, NO_TARGETS
+        requested, fmt, targets, classes = None, BINARY if binary_default else JSON, NO_TARGETS, NO_PARAMETERS
     else:
-        requested, fmt, targets = _decode_outputs(raw_outputs, binary_default, regions)
+        requested, fmt, targets, classes = _decode_outputs(raw_outputs, binary_default, regions)
     request_id = header.get("id", "")
     if type(request_id) is not str:  # Triton's protocol has a string id; echoing a repr would invent one
         raise InvalidInput(f"'id' must be a string, got {described(request_id)}")
@@ -85,6 +91,7 @@ def decode_request(
         timeout_s=timeout / 1e6 if timeout else None,
         priority=priority,
         parameters=params,
+        classification=classes,
         output_regions=targets,
     )
     return request, fmt
@@ -164,10 +171,10 @@ def _header(body: bytes, header_length: str | None) -> tuple[dict[str, Any], int
     except orjson.JSONDecodeError as exc:
         if header_length is None and exc.msg.startswith(_NOT_JSON_HINTS):
             raise InvalidInput(
-                f"request body is not JSON ({exc}); binary tensor data after the JSON needs an "
-                "Inference-Header-Content-Length header giving the JSON part's length in bytes"
+                unparsed_json(f"{exc}; binary tensor data after the JSON needs an "
+                              "Inference-Header-Content-Length header giving the JSON part's length in bytes")
             ) from None
-        raise InvalidInput(f"malformed JSON request body: {exc}") from None
+        raise InvalidInput(unparsed_json(f"{exc}")) from None
     if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
         raise InvalidInput("request body must be a JSON object with an 'inputs' list")
     return header, json_end
@@ -196,6 +203,7 @@ def _decode_input(raw: object, body: bytes, offset: int, regions: TensorRegions)
             raise InvalidInput(f"input '{name}': needs 'data' or a binary_data_size parameter")
         return InferInput(name, datatype, shape, from_json(item["data"], shape, dtype, datatype, name)), offset
     params = _object(raw_params, f"input '{name}': 'parameters'")
+    check_tensor_parameters("input", name, params, INPUT_HTTP)
     if names_region(params):
         has_data = "data" in item or "binary_data_size" in params
         return regions.input(name, datatype, shape, params, has_data=has_data), offset
@@ -222,15 +230,16 @@ def _decode_input(raw: object, body: bytes, offset: int, regions: TensorRegions)
 
 def _decode_outputs(
     raw: object, binary_default: bool, regions: TensorRegions
-) -> tuple[tuple[str, ...] | None, OutputFormat, dict[str, RegionSlice]]:
-    """Requested names, their format, and the outputs to write into shared memory."""
+) -> tuple[tuple[str, ...] | None, OutputFormat, dict[str, RegionSlice], Mapping[str, int]]:
+    """Requested names, their format, the outputs to write into shared memory and those to classify."""
     targets: dict[str, RegionSlice] = {}
     if raw is None:
-        return None, OutputFormat(binary_default), targets
+        return None, OutputFormat(binary_default), targets, NO_PARAMETERS
     if not isinstance(raw, list):
         raise InvalidInput(f"'outputs' must be a list, got {described(raw)}")
     names: list[str] = []
     binary: dict[str, bool] = {}
+    classes: dict[str, int] = {}
     for entry in raw:
         item = _object(entry, "each entry of 'outputs'")
         name = item.get("name")
@@ -238,14 +247,22 @@ def _decode_outputs(
             raise InvalidInput(f"every requested output needs a string 'name', got {described(name)}")
         names.append(name)
         params = _object(item.get("parameters", {}), f"output '{name}': 'parameters'")
+        if not params:
+            continue
+        check_tensor_parameters("output", name, params, OUTPUT_HTTP)
         if "binary_data" in params:
             binary[name] = _flag(params, "binary_data", f"output '{name}': ")
+        count = _natural(params, CLASSIFICATION, "", f"output '{name}': ")
+        if count:  # 0 asks for the raw output, as in Triton
+            classes[name] = count
+        else:
+            classes.pop(name, None)
         target = regions.output(name, params)
         if target is not None:
             targets[name] = target
     # An output named twice is answered once, as Triton does (its parameters are the last entry's, as with
     # duplicate JSON keys): an answer never holds more outputs than the model has.
-    return tuple(dict.fromkeys(names)), OutputFormat(binary_default, binary), targets
+    return tuple(dict.fromkeys(names)), OutputFormat(binary_default, binary), targets, classes or NO_PARAMETERS
 
 
 def _flag(params: dict[str, Any], key: str, where: str) -> bool:
@@ -256,13 +273,13 @@ def _flag(params: dict[str, Any], key: str, where: str) -> bool:
     return value
 
 
-def _natural(params: dict[str, Any], key: str, unit: str) -> int | None:
+def _natural(params: dict[str, Any], key: str, unit: str, where: str = "") -> int | None:
     """A non-negative integer parameter, or None when absent."""
     if key not in params:
         return None
     value = params[key]
     if type(value) is not int or value < 0:
-        raise InvalidInput(f"parameter '{key}' must be a non-negative integer{unit}, got {described(value)}")
+        raise InvalidInput(f"{where}parameter '{key}' must be a non-negative integer{unit}, got {described(value)}")
     return value
 
 

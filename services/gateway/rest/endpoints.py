@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from services.gateway.dataplane import DataPlane
 from services.gateway.rest.messages import message_json
-from services.gateway.rest.responses import JSONBytesResponse, error_response
+from services.gateway.rest.responses import JSONBytesResponse
 from services.gateway.tensors.types import ModelMetadata
 from services.gateway.versions.numbers import parse_version
 
@@ -23,11 +23,15 @@ class Endpoints:
     async def server_metadata(self, request: Request) -> Response:
         return JSONBytesResponse(self._dataplane.server_metadata())
 
+    # The health answers carry the KServe v2 bodies (``{"live": bool}``, ``{"ready": bool}``, the model's
+    # ``{"name", "ready"}``), which KServe's clients parse; Triton's clients read only the status, which stays.
     async def live(self, request: Request) -> Response:
-        return Response(status_code=200 if await self._dataplane.live() else 503)
+        live = await self._dataplane.live()
+        return JSONBytesResponse({"live": live}, status_code=200 if live else 503)
 
     async def ready(self, request: Request) -> Response:
-        return Response(status_code=200 if await self._dataplane.ready() else 503)
+        ready = await self._dataplane.ready()
+        return JSONBytesResponse({"ready": ready}, status_code=200 if ready else 503)
 
     async def model_metadata(self, request: Request) -> Response:
         self._dataplane.shaper.authenticate_metadata(request.headers.get("x-api-key"))
@@ -36,10 +40,12 @@ class Endpoints:
 
     async def model_ready(self, request: Request) -> Response:
         self._dataplane.shaper.authenticate_metadata(request.headers.get("x-api-key"))
-        reason = await self._dataplane.model_readiness(*_target(request))
+        model, version = _target(request)
+        reason = await self._dataplane.model_readiness(model, version)
         if reason is None:
-            return Response(status_code=200)
-        return error_response(reason, 503)
+            return JSONBytesResponse({"name": model, "ready": True})
+        # The v2 error key beside the model's answer: clients that read errors find why it is not ready.
+        return JSONBytesResponse({"name": model, "ready": False, "error": reason}, status_code=503)
 
     async def model_config(self, request: Request) -> Response:
         self._dataplane.shaper.authenticate_metadata(request.headers.get("x-api-key"))

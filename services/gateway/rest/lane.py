@@ -21,8 +21,9 @@ from starlette.types import Receive, Scope, Send
 from services.gateway.dataplane import DataPlane
 from services.gateway.errors import GatewayError, unexpected
 from services.gateway.rest.answer_head import AnswerHeaders
-from services.gateway.rest.body import declared_length, read_body
+from services.gateway.rest.body import declared_length, read_body, read_inflated_body
 from services.gateway.rest.codec import decode_request, encode_response
+from services.gateway.rest.compression import encode_answer, inflater_for
 from services.gateway.rest.responses import gateway_error_response
 from services.gateway.shaping.shaper import Admitted
 from services.gateway.tensors.regions import tensor_regions
@@ -91,7 +92,12 @@ class InferLane:
             size = declared_length(headers.get(b"content-length"))
             await shaper.admit(admitted, model, PROTOCOL, api_key=_text(headers.get(b"x-api-key")), size=size)
             version = None if raw_version is None else parse_version(raw_version)  # decoding, as gRPC's field
-            body = await read_body(receive, self._max_body)
+            coded = headers.get(b"content-encoding")
+            inflater = None if coded is None else inflater_for(coded, self._max_body)
+            if inflater is None:
+                body = await read_body(receive, self._max_body)
+            else:  # Inference-Header-Content-Length counts the inflated body's bytes, as with Triton
+                body = await read_inflated_body(receive, self._max_body, inflater)
             regions = tensor_regions(dataplane.regions, admitted.tenant)
             header_length = headers.get(b"inference-header-content-length")
             request, fmt = decode_request(
@@ -117,12 +123,16 @@ class InferLane:
         except GatewayError as exc:  # counted by the dataplane
             await gateway_error_response(exc)(scope, receive, send)
             return
+        accept = headers.get(b"accept-encoding")
+        coding: tuple[tuple[bytes, bytes], ...] = ()
         try:
             content, header_length_out = encode_response(response, fmt)
+            if accept is not None:
+                content, coding = encode_answer(content, accept)
         except Exception as exc:
             await self._unexpected(scope, receive, send, exc, model, raw_version, admitted.tenant)
             return
-        answer = AnswerHeaders(len(content), response.version, header_length_out)
+        answer = AnswerHeaders(len(content), response.version, header_length_out, coding)
         sent: Iterable[tuple[bytes, bytes]] = answer
         limits = admitted.limits
         if limits:  # values from the limits file's numbers: the usual check, as for any other answer

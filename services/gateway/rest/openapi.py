@@ -13,6 +13,7 @@ from pydantic_core import core_schema
 
 from services.gateway.rest import schemas
 from services.gateway.rest.docs_ui import DOCS_PATH, install_docs
+from services.gateway.rest.health_schemas import RESPONSE_MODELS as HEALTH_MODELS
 from services.gateway.rest.repository_routes import repository_paths
 from services.gateway.rest.shared_memory import shared_memory_paths
 from services.gateway.rest.statistics_schemas import RESPONSE_MODELS as STATISTICS_MODELS
@@ -70,7 +71,9 @@ class _NoNullDefaults(GenerateJsonSchema):
 
 
 def _schemas() -> Json:
-    models: list[type[BaseModel]] = [*schemas.REQUEST_MODELS, *schemas.RESPONSE_MODELS, *STATISTICS_MODELS]
+    models: list[type[BaseModel]] = [
+        *schemas.REQUEST_MODELS, *schemas.RESPONSE_MODELS, *STATISTICS_MODELS, *HEALTH_MODELS
+    ]
     _, definitions = models_json_schema(
         [(model, "validation") for model in models], ref_template=_REF, schema_generator=_NoNullDefaults
     )
@@ -176,10 +179,11 @@ def _v2_paths() -> Json:
         "/v2": _open("metadata", "serverMetadata", "Server metadata",
                      {"200": _json("Server metadata.", model="ServerMetadata")}),
         "/v2/health/live": _open("health", "serverLive", "Liveness",
-                                 {"200": {"description": "Live."}, "503": {"description": "Not live."}}),
+                                 {"200": _json("Live.", model="ServerLive"),
+                                  "503": _json("Not live.", model="ServerLive")}),
         "/v2/health/ready": _open("health", "serverReady", "Readiness",
-                                  {"200": {"description": "Every model has settled."},
-                                   "503": {"description": "A model is loading or the backend is down."}}),
+                                  {"200": _json("Every model has settled.", model="ServerReady"),
+                                   "503": _json("A model is loading or the backend is down.", model="ServerReady")}),
         "/metrics": _open("metrics", "metrics", "Prometheus metrics",
                           {"200": {"description": "Prometheus text exposition format.",
                                    "content": {"text/plain": {"schema": {"type": "string"}}}}}),
@@ -187,7 +191,8 @@ def _v2_paths() -> Json:
     metadata = {"tags": ["metadata"], "summary": "Model metadata", "security": _API_KEY, "parameters": [],
                 "responses": {"200": _json("Model metadata.", model="ModelMetadata"), **_target_errors(not_ready)}}
     ready = {"tags": ["metadata"], "summary": "Model readiness", "security": _API_KEY, "parameters": [],
-             "responses": {"200": {"description": "Ready."}, **_target_errors(_json("Not ready, and why."))}}
+             "responses": {"200": _json("Ready.", model="ModelReady"),
+                           **_target_errors(_json("Not ready, and why (error).", model="ModelReady"))}}
     config = {"tags": ["metadata"], "summary": "Model configuration", "security": _API_KEY, "parameters": [],
               "responses": {"200": _json("config.pbtxt as JSON.", model="ModelConfig"), **_target_errors(not_ready)}}
     found.update(_model_routes("", "modelMetadata", "get", metadata))

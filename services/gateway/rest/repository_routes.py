@@ -93,7 +93,7 @@ def repository_paths() -> Json:
     }
     parameters = {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}}
 
-    def action(operation: str, summary: str, accepted: str) -> Json:
+    def action(operation: str, summary: str, accepted: str, unknown: str) -> Json:
         body = {"type": "object", "properties": {"parameters": {**parameters, "description": accepted}},
                 "additionalProperties": False}
         return {"post": {
@@ -101,11 +101,11 @@ def repository_paths() -> Json:
             "parameters": [{"$ref": "#/components/parameters/model_name"}],
             "requestBody": {"required": False, "content": {"application/json": {"schema": body}}},
             "responses": {
-                "200": {"description": "Done; the action's report.",
+                "200": {"description": f"Done; the action's report.{unknown}",
                         "content": {"application/json": {"schema": {"type": "object"}}}},
                 "400": {"description": "Malformed request, or a config override the gateway does not take.", **error},
                 **denied,
-                "404": {"description": "Unknown model.", **error},
+                **({} if unknown else {"404": {"description": "Unknown model.", **error}}),
                 "409": {"description": "The model is busy with another action.", **error},
                 "413": {"description": "The body exceeds the gateway's limit.", **error},
                 "422": {"description": "A version failed to load or warm up; the routing is unchanged.", **error},
@@ -132,8 +132,9 @@ def repository_paths() -> Json:
         }},
         "/v2/repository/models/{model_name}/load": action(
             "repositoryLoad", "Load or reload a model through the swap protocol",
-            "'config': a JSON ModelConfig whose version_policy applies to this load."),
+            "'config': a JSON ModelConfig whose version_policy applies to this load.", ""),
         "/v2/repository/models/{model_name}/unload": action(
             "repositoryUnload", "Drain and unload every version of a model",
-            "'unload_dependents': accepted, no effect."),
+            "'unload_dependents': accepted, no effect.",
+            " A model the repository does not have is unloaded already, as in Triton: the report's note says so."),
     }

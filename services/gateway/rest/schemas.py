@@ -34,7 +34,17 @@ class _Closed(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class InputParameters(_Open):
+class _SharedMemory(BaseModel):
+    shared_memory_region: str | SkipJsonSchema[None] = Field(
+        None, description="A registered system shared-memory region holding the tensor (shared-memory extension)."
+    )
+    shared_memory_offset: Count | SkipJsonSchema[None] = Field(None, description="Where in the region it starts.")
+    shared_memory_byte_size: Count | SkipJsonSchema[None] = Field(None, description="How many bytes it takes.")
+
+
+class InputParameters(_SharedMemory, _Closed):
+    """An input parameter the gateway does not implement is refused (400), never ignored."""
+
     binary_data_size: Count | SkipJsonSchema[None] = Field(
         None, description="Bytes of this input in the binary section that follows the JSON header (binary framing)."
     )
@@ -50,8 +60,14 @@ class RequestInput(_Closed):
     )
 
 
-class OutputParameters(_Open):
+class OutputParameters(_SharedMemory, _Closed):
+    """An output parameter the gateway does not implement is refused (400), never ignored."""
+
     binary_data: bool | SkipJsonSchema[None] = Field(None, description="Send this output as binary data.")
+    classification: Count | SkipJsonSchema[None] = Field(
+        None,
+        description="Answer the top k classes as BYTES 'score:index[:label]' (classification extension); 0: raw.",
+    )
 
 
 class RequestOutput(_Closed):
@@ -60,6 +76,8 @@ class RequestOutput(_Closed):
 
 
 class RequestParameters(_Open):
+    """Other keys: forwarded to the model on the Triton backend, refused (400) on the embedded backend."""
+
     timeout: Count | SkipJsonSchema[None] = Field(
         None, description="Deadline in microseconds (as in Triton); 0 or absent: the gateway's default."
     )
@@ -69,6 +87,11 @@ class RequestParameters(_Open):
     binary_data_output: bool | SkipJsonSchema[None] = Field(
         None, description="Send every output as binary data unless its own parameters say otherwise."
     )
+    sequence_id: int | str | SkipJsonSchema[None] = Field(
+        None, description="Sequence batching: forwarded to Triton for a model with sequence_batching, else refused."
+    )
+    sequence_start: bool | SkipJsonSchema[None] = Field(None, description="Sequence batching: the first request.")
+    sequence_end: bool | SkipJsonSchema[None] = Field(None, description="Sequence batching: the last request.")
 
 
 class InferenceRequest(_Closed):

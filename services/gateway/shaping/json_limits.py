@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from services.gateway.errors import InvalidInput
+from services.gateway.errors import InvalidInput, unparsed_json
 
 MAX_DEPTH = 32
 """Levels of lists and objects: far more than any of these structures has (a ModelConfig nests 6, a routing
@@ -48,4 +48,4 @@ def client_json(raw: bytes | str, what: str) -> Any:
     try:
         return bounded_json(raw)
     except ValueError as exc:
-        raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
+        raise InvalidInput(unparsed_json(f"{what} is not valid JSON: {exc}")) from None

@@ -108,8 +108,8 @@ def check_room(request: InferRequest, metadata: ModelMetadata) -> None:
     batch = request.inputs[0].shape[:1] if metadata.max_batch_size > 0 and request.inputs else ()
     for name, target in request.output_regions.items():
         spec = specs[name]  # validation refused unknown outputs
-        if spec.datatype == BYTES or -1 in spec.dims:
-            continue  # known once it ran
+        if spec.datatype == BYTES or -1 in spec.dims or name in request.classification:
+            continue  # known once it ran (a classified output's strings too)
         shape = (*batch, *spec.dims)
         needed = math.prod(shape) * numpy_dtype(spec.datatype, name).itemsize
         if needed > target.byte_size:

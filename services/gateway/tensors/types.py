@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy.typing as npt
@@ -12,6 +13,8 @@ import numpy.typing as npt
 from services.gateway.tensors.shared_memory import RegionSlice
 
 Array = npt.NDArray[Any]
+NO_PARAMETERS: Mapping[str, Any] = MappingProxyType({})
+"""Shared by the requests that carry none (read-only: nothing can add to it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +85,11 @@ class InferRequest:
     """``time.monotonic()`` at which the budget runs out; the backend receives what is left of it."""
     tenant: str = "anonymous"
     """Who sent it (the API key's tenant), for metrics; never the key."""
-    parameters: Mapping[str, Any] = field(default_factory=dict)
+    parameters: Mapping[str, Any] = field(default_factory=lambda: NO_PARAMETERS)
+    """Request parameters the front end did not apply itself (custom ones, sequence batching): the dataplane
+    refuses those the backend cannot hand to the model (``tensors.parameters``)."""
+    classification: Mapping[str, int] = field(default_factory=lambda: NO_PARAMETERS)
+    """Requested outputs to answer as their top k classes (the classification extension), by name."""
     output_regions: Mapping[str, RegionSlice] = field(default_factory=dict)
     """Requested outputs the client wants written into its shared memory, by name."""
 

@@ -1,8 +1,9 @@
-"""Checks a decoded request against the model metadata before it reaches a backend."""
+"""Checks a decoded request against the model metadata before it reaches a backend. Each error starts with the
+words Triton answers for the same mistake (clients match on them), then says what was expected."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NoReturn
 
 from services.gateway.errors import InvalidInput
@@ -19,10 +20,14 @@ def validate(request: InferRequest, metadata: ModelMetadata) -> None:
         spec = specs.get(tensor.name)
         if spec is None:
             raise InvalidInput(
-                f"unexpected input '{tensor.name}' for model '{metadata.name}'; expected inputs: {_names(specs)}"
+                f"unexpected inference input '{tensor.name}' for model '{metadata.name}'; "
+                f"expected inputs: {_names(specs)}"
             )
         if tensor.datatype != spec.datatype:
-            raise InvalidInput(f"input '{tensor.name}': expected datatype {spec.datatype}, got {tensor.datatype}")
+            raise InvalidInput(
+                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model '{metadata.name}' "
+                f"expects '{spec.datatype}'"
+            )
         shape = tensor.shape
         # The dims as declared (no -1 among them) and a batch in range pass at once; anything else is checked
         # dim by dim, which also words the error.
@@ -35,7 +40,7 @@ def validate(request: InferRequest, metadata: ModelMetadata) -> None:
         for name in request.outputs:
             if name not in known:
                 raise InvalidInput(
-                    f"unknown output '{name}' requested from model '{metadata.name}'; "
+                    f"unexpected inference output '{name}' for model '{metadata.name}'; "
                     f"expected outputs: {', '.join(sorted(known))}"
                 )
 
@@ -45,15 +50,22 @@ def _check_names(inputs: list[InferInput], metadata: ModelMetadata) -> None:
     seen: set[str] = set()
     for tensor in inputs:
         if tensor.name in seen:
-            raise InvalidInput(f"input '{tensor.name}' is given more than once")
+            raise InvalidInput(f"input '{tensor.name}' already exists in request")
         seen.add(tensor.name)
     missing = [name for name in metadata.input_specs if name not in seen]
     if missing:
-        raise InvalidInput(f"missing input(s) {', '.join(repr(m) for m in missing)} for model '{metadata.name}'")
-    if metadata.max_batch_size > 0:
-        batches = {tensor.shape[0] for tensor in inputs}
-        if len(batches) > 1:
-            raise InvalidInput(f"inputs disagree on the batch size: got {sorted(batches)}")
+        raise InvalidInput(
+            f"expected {len(metadata.input_specs)} inputs but got {len(inputs)} inputs for model '{metadata.name}'. "
+            f"Got input(s) {_listed(t.name for t in inputs)}, but missing required input(s) {_listed(missing)}"
+        )
+    if metadata.max_batch_size > 0 and inputs:
+        first = inputs[0].shape[0]
+        for tensor in inputs:
+            if tensor.shape[0] != first:
+                raise InvalidInput(
+                    f"input '{tensor.name}' batch size does not match other inputs for '{metadata.name}'; "
+                    f"got batch sizes {sorted({t.shape[0] for t in inputs})}"
+                )
 
 
 def _check_shape(tensor: InferInput, spec: TensorSpec, metadata: ModelMetadata, batching: bool) -> None:
@@ -62,10 +74,14 @@ def _check_shape(tensor: InferInput, spec: TensorSpec, metadata: ModelMetadata, 
     if batching:
         if len(shape) != len(dims) + 1:
             _wrong_shape(tensor, spec, metadata)
-        if shape[0] < 1 or shape[0] > metadata.max_batch_size:
+        if shape[0] > metadata.max_batch_size:
             raise InvalidInput(
-                f"input '{tensor.name}': batch size {shape[0]} is outside 1..{metadata.max_batch_size} "
-                f"(max_batch_size of model '{metadata.name}')"
+                f"inference request batch-size must be <= {metadata.max_batch_size} for '{metadata.name}'; "
+                f"input '{tensor.name}' has {shape[0]} rows"
+            )
+        if shape[0] < 1:
+            raise InvalidInput(
+                f"inference request batch-size must be >= 1 for '{metadata.name}'; input '{tensor.name}' has 0 rows"
             )
         shape = shape[1:]
     if len(shape) != len(dims):
@@ -76,7 +92,26 @@ def _check_shape(tensor: InferInput, spec: TensorSpec, metadata: ModelMetadata, 
 
 
 def _wrong_shape(tensor: InferInput, spec: TensorSpec, metadata: ModelMetadata) -> NoReturn:
-    raise InvalidInput(f"input '{tensor.name}': expected shape {metadata.served_shape(spec)}, got {list(tensor.shape)}")
+    batching = (
+        f"; model '{metadata.name}' batches (max_batch_size {metadata.max_batch_size}): the first dimension is the "
+        "batch size"
+        if metadata.max_batch_size > 0
+        else ""
+    )
+    raise InvalidInput(
+        f"unexpected shape for input '{tensor.name}' for model '{metadata.name}'. "
+        f"Expected {_dims(metadata.served_shape(spec))}, got {_dims(tensor.shape)}{batching}"
+    )
+
+
+def _dims(shape: Sequence[int]) -> str:
+    """A shape as Triton prints one: ``[-1,32]``."""
+    return f"[{','.join(str(d) for d in shape)}]"
+
+
+def _listed(names: Iterable[str]) -> str:
+    """Tensor names as Triton lists them: ``['a', 'b']``."""
+    return f"[{', '.join(repr(name) for name in names)}]"
 
 
 def _names(specs: Mapping[str, TensorSpec]) -> str:

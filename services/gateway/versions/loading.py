@@ -3,7 +3,7 @@ is loaded, so that other replicas converge on it."""
 
 from __future__ import annotations
 
-from services.gateway.errors import Conflict, GatewayError, ModelNotFound
+from services.gateway.errors import Conflict, GatewayError, unknown_version
 from services.gateway.tensors.types import VersionState
 from services.gateway.versions.context import VersionContext
 from services.gateway.versions.progress import GATEWAY, ActionReport
@@ -39,7 +39,7 @@ async def unload_version(
                 f"version {version} is the stable version of model '{model}'; activate another version first"
             )
         if manager.backend.state(model, version) is None:
-            raise ModelNotFound(f"model '{model}' has no version {version} loaded")
+            raise unknown_version(model, version, "not loaded")
         async with steps.run("drain"):
             drained = await manager.leases.drain(model, version, manager.drain_timeout(drain_timeout_s))
         try:

@@ -20,6 +20,7 @@ from services.gateway.repository import Catalog
 from services.gateway.settings import Settings
 from services.gateway.state import Event, RoutingRecord, StateBusy, StateError, StateStore
 from services.gateway.tensors.types import VersionState
+from services.gateway.versions.comparison import compare_versions
 from services.gateway.versions.follow import poll, scan_repository
 from services.gateway.versions.leases import Leases
 from services.gateway.versions.progress import GATEWAY, ActionReport, Progress, Steps
@@ -29,7 +30,7 @@ from services.gateway.versions.routing import Router
 from services.gateway.versions.shadow import ShadowRunner
 from services.gateway.versions.startup import start_models
 from services.gateway.versions.traffic import watch_canaries
-from services.gateway.versions.warmup import WarmedUp, WarmupError, compare_versions, warm_up
+from services.gateway.versions.warmup import WarmedUp, WarmupError, warm_up
 from services.gateway.versions.windows import TrafficWindows
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ class VersionManager:
         self.last: dict[str, ActionReport] = {}
         self.follow_failures: dict[tuple[str, int], float] = {}
         """(model, generation) -> when following a routing record another gateway wrote failed (``replicas``)."""
+        self.notes: dict[tuple[str, int], str] = {}
+        """(model, version) -> what to know of a version that serves: its invented warm-up failed (the index says)."""
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -207,7 +210,14 @@ class VersionManager:
         finally:
             self.router.warming(model, version, False)
         self.router.note(model, version, None)
-        log.info("warmed model '%s' version %d with %s", model, version, "; ".join(warmed.sources))
+        self.notes.pop((model, version), None)
+        if warmed.failed:  # invented data only (declared data that fails raised above): serve, but say so
+            note = f"serving without a full warm-up: {'; '.join(warmed.failed)}"
+            self.notes[model, version] = note
+            self.metrics.invented_warmup_failures.labels(model).inc()
+            log.warning("model '%s' version %d is %s", model, version, note)
+        if warmed.sources:
+            log.info("warmed model '%s' version %d with %s", model, version, "; ".join(warmed.sources))
         return warmed
 
     # -- bookkeeping ----------------------------------------------------------------------------------------

@@ -16,8 +16,11 @@ def parse_version(raw: str) -> int | None:
     if raw == "":
         return None
     if not (raw.isascii() and raw.isdigit()) or len(raw) > MAX_DIGITS or (raw[0] == "0" and len(raw) > 1):
-        raise InvalidInput(f"versions are decimal integers like 1 or 12, got {shown(raw)}")
+        raise InvalidInput(  # Triton's words first: scripts written for it match on them
+            f"failed to get model version from specified version string {shown(raw)}; "
+            f"versions are decimal integers like 1 or 12, got {shown(raw)}"
+        )
     version = int(raw)
     if version == 0:
-        raise InvalidInput("versions start at 1, got '0'")
+        raise InvalidInput("failed to get model version from specified version string '0'; versions start at 1")
     return version

@@ -78,6 +78,8 @@ class ActionReport:
     flipped_at: str | None = None
     step: str | None = None
     error: str | None = None
+    note: str | None = None
+    """What the caller should know of an action that had nothing to do (an unload of a model not in the repository)."""
     finished_at: str = field(default_factory=now_iso)
 
     def but(self, **changes: Any) -> ActionReport:

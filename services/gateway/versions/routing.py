@@ -8,7 +8,13 @@ import random
 from collections.abc import Callable, Mapping
 
 from services.gateway.backends.base import Backend
-from services.gateway.errors import ModelNotFound, ModelNotReady
+from services.gateway.errors import (
+    model_not_ready,
+    no_available_versions,
+    unknown_model,
+    unknown_version,
+    version_not_ready,
+)
 from services.gateway.repository import Catalog
 from services.gateway.state import RoutingRecord
 from services.gateway.state.policies import CanaryPolicy
@@ -61,13 +67,10 @@ class Router:
             record = self._records.get(model)
             if record is None:
                 if model not in self._catalog.entries:
-                    raise ModelNotFound(f"unknown model '{model}'")
-                problem = self.problem(model)
-                raise ModelNotReady(
-                    f"model '{model}' is unavailable: {problem}" if problem else f"model '{model}' has no ready version"
-                )
+                    raise unknown_model(model)
+                raise model_not_ready(model, self.problem(model) or "none is ready yet (loading)")
             if record.unloaded:  # as Triton answers for a model unloaded through its repository API
-                raise ModelNotFound(f"model '{model}' has no loaded version: {UNLOADED}")
+                raise no_available_versions(model, UNLOADED)
             version = record.stable
             canary = record.canary
             if canary is not None and canary.weight > 0 and _canary_side(canary, header):
@@ -76,18 +79,16 @@ class Router:
                 if ready and (model, canary.version) not in self._warming:
                     return canary.version
         elif model not in self._catalog.entries:
-            raise ModelNotFound(f"unknown model '{model}'")
+            raise unknown_model(model)
         state = self._backend.state(model, version)
         if state is VersionState.READY and (model, version) not in self._warming:
             return version
         if state is None and pinned:
             loaded = ", ".join(str(v) for v in sorted(self._backend.models().get(model, {}))) or "none"
-            raise ModelNotFound(f"model '{model}' has no version {version} loaded (loaded: {loaded})")
+            raise unknown_version(model, version, f"loaded versions: {loaded}")
         detail = "warming up" if state is VersionState.READY else (state or VersionState.UNAVAILABLE).value.lower()
         problem = self.problem(model, version)
-        raise ModelNotReady(
-            f"model '{model}' version {version} is not ready ({detail}{': ' + problem if problem else ''})"
-        )
+        raise version_not_ready(model, version, f"{detail}: {problem}" if problem else detail)
 
     def warming(self, model: str, version: int, on: bool) -> None:
         """A loaded version is not served to pinned requests until its warm-up has run."""

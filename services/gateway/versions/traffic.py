@@ -18,10 +18,10 @@ from services.gateway.errors import Conflict, GatewayError, InvalidInput
 from services.gateway.state import Event, RoutingRecord
 from services.gateway.state.policies import CanaryPolicy, ShadowPolicy
 from services.gateway.state.records import now_iso
+from services.gateway.versions.comparison import compare_versions
 from services.gateway.versions.context import VersionContext
 from services.gateway.versions.progress import GATEWAY, ActionReport, Steps
 from services.gateway.versions.reports import failed
-from services.gateway.versions.warmup import compare_versions
 from services.gateway.versions.windows import Figures
 
 log = logging.getLogger(__name__)

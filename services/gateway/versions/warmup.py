@@ -1,6 +1,8 @@
 """Warm-up for a model version before it takes traffic: the exporter's sample inputs when the version has a
-manifest, else the config's ``model_warmup``, else zero-filled inputs of the declared shapes (dynamic dims as 1;
-empty strings for BYTES), run through the backend and checked against the config."""
+manifest, else the config's ``model_warmup``, else inputs the gateway invents (zeros of the declared shapes, dynamic
+dims as 1; empty strings for BYTES, as Triton's ``zero_data``). Declared data must be answered as the config
+promises or the version is refused (Triton fails the load on a failing ``model_warmup`` too); invented data is best
+effort: Triton would serve the version without any warm-up, so its failure is reported, never a refusal."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from services.gateway.backends.base import Backend
 from services.gateway.errors import GatewayError, InvalidInput
 from services.gateway.repository import ModelEntry
-from services.gateway.tensors.bytes_codec import OBJECT, deserialize, differing, filled
+from services.gateway.tensors.bytes_codec import OBJECT, deserialize, filled
 from services.gateway.tensors.datatypes import from_config, numpy_dtype
 from services.gateway.tensors.types import Array, InferInput, InferRequest, ModelMetadata
 from services.gateway.tensors.validation import validate
@@ -36,7 +38,12 @@ class Warmup:
     inputs: dict[str, Array]
     """One request: every input keyed by config name, batch dim first when the model batches."""
     source: str
-    """Where the data came from, for the log (``manifest samples``, ``model_warmup 'x'``, ``zeros``)."""
+    """Where the data came from, for the log (``manifest samples``, ``model_warmup 'x'``, ``zero-filled``)."""
+    invented: bool = False
+    """Made up by the gateway, not declared by the model: its failure says little about the model (best effort)."""
+
+
+INVENTED = "zero-filled inputs (no manifest, no model_warmup)"
 
 
 def warmup_requests(model_dir: Path, version: int, config: mc.ModelConfig) -> list[Warmup]:
@@ -48,17 +55,19 @@ def warmup_requests(model_dir: Path, version: int, config: mc.ModelConfig) -> li
             samples = read_samples(version_dir, manifest.sample_inputs)
         except (OSError, ValueError) as exc:
             raise WarmupError(f"cannot read the warm-up samples of {version_dir}: {exc}") from None
-        inputs = {t.name: np.ascontiguousarray(samples[t.name], dtype=_dtype(t)) for t in config.input}
-        return [Warmup(inputs, f"manifest samples ({_rows(inputs, config)} rows)")]
-    if config.model_warmup:
-        return [_from_config(model_dir, config, sample) for sample in config.model_warmup]
-    inputs = {t.name: _zeros(_zero_shape(t, config), _dtype(t)) for t in config.input}
-    return [Warmup(inputs, "zero-filled inputs (no manifest, no model_warmup)")]
+        inputs = {t.name: np.ascontiguousarray(samples[t.name], dtype=input_dtype(t)) for t in config.input}
+        return [Warmup(inputs, f"manifest samples ({rows_of(inputs, config)} rows)")]
+    # Triton skips a sample of batch_size 0; with none left it runs no warm-up, and the gateway invents one.
+    declared = [sample for sample in config.model_warmup if sample.batch_size > 0]
+    if declared:
+        return [_from_config(model_dir, config, sample) for sample in declared]
+    inputs = {t.name: zeros(zero_shape(t, config), input_dtype(t)) for t in config.input}
+    return [Warmup(inputs, INVENTED, invented=True)]
 
 
 def _from_config(model_dir: Path, config: mc.ModelConfig, sample: mc.ModelWarmup) -> Warmup:
     batched = config.max_batch_size > 0
-    rows = max(int(sample.batch_size), 1)
+    rows = int(sample.batch_size)
     inputs: dict[str, Array] = {}
     for tensor in config.input:
         spec = sample.inputs.get(tensor.name)
@@ -74,149 +83,103 @@ def _from_config(model_dir: Path, config: mc.ModelConfig, sample: mc.ModelWarmup
             except OSError as exc:
                 raise WarmupError(f"model_warmup '{sample.name}': cannot read {path}: {exc.strerror}") from None
             row = _file_data(raw, dims, dtype, f"model_warmup '{sample.name}': {path}", tensor.name, spec.data_type)
-        elif kind == "random_data" and dtype != OBJECT:  # strings fall back to zero_data, as in Triton
+        elif kind == "random_data" and dtype != OBJECT:
             row = np.random.default_rng(0).standard_normal(dims).astype(dtype)
+        elif kind in ("zero_data", "random_data"):
+            # Triton's random_data for strings is its zero_data: every element an empty string.
+            row = zeros(dims, dtype)
         else:
-            row = _zeros(dims, dtype)
-        # Triton repeats the sample batch_size times for a batching model.
+            raise WarmupError(
+                f"model_warmup '{sample.name}': input '{tensor.name}' sets none of zero_data, random_data and "
+                "input_data_file"
+            )
+        # Triton sends the sample batch_size times (one row each) in one execution: the same rows, batched.
         inputs[tensor.name] = np.ascontiguousarray(np.broadcast_to(row, (rows, *dims))) if batched else row
     return Warmup(inputs, f"model_warmup '{sample.name}' (batch {rows if batched else 1})")
 
 
 def _file_data(raw: bytes, dims: list[int], dtype: np.dtype[Any], where: str, name: str, data_type: int) -> Array:
-    """A ``model_warmup`` input file: raw values, or for strings Triton's serialized form."""
+    """A ``model_warmup`` input file: raw values (Triton reads as many bytes as the dims need, the rest is unused),
+    or for strings the whole file in Triton's serialized form."""
     if dtype == OBJECT:
         try:
             return deserialize(raw, tuple(dims), name, kind="warm-up input")
         except InvalidInput as exc:
             raise WarmupError(f"{where}: {exc}") from None
-    count = math.prod(dims)
-    if len(raw) != count * dtype.itemsize:
-        raise WarmupError(
-            f"{where} has {len(raw)} bytes, dims {dims} of {from_config(data_type)} need {count * dtype.itemsize}"
-        )
-    return np.frombuffer(raw, dtype=dtype).reshape(dims)
+    needed = math.prod(dims) * dtype.itemsize
+    if len(raw) < needed:
+        raise WarmupError(f"{where} has {len(raw)} bytes, dims {dims} of {from_config(data_type)} need {needed}")
+    return np.frombuffer(raw[:needed], dtype=dtype).reshape(dims)
 
 
-def _zeros(shape: list[int], dtype: np.dtype[Any]) -> Array:
-    """Zeros, or empty strings for BYTES (Triton's ``zero_data`` for strings reads as empty strings too)."""
+def zeros(shape: list[int], dtype: np.dtype[Any]) -> Array:
+    """Zeros, or empty strings for BYTES (Triton's ``zero_data`` for strings: a zero length for every element)."""
     return filled(shape) if dtype == OBJECT else np.zeros(shape, dtype=dtype)
 
 
-def _dtype(tensor: mc.ModelInput) -> np.dtype[np.generic]:
+def input_dtype(tensor: mc.ModelInput) -> np.dtype[np.generic]:
     return numpy_dtype(from_config(tensor.data_type), tensor.name)
 
 
-def _zero_shape(tensor: mc.ModelInput, config: mc.ModelConfig) -> list[int]:
+def zero_shape(tensor: mc.ModelInput, config: mc.ModelConfig) -> list[int]:
+    """The declared shape of one row (dynamic dims as 1), batch dim first when the model batches."""
     dims = [1 if int(d) < 0 else int(d) for d in tensor.dims]
     return [1, *dims] if config.max_batch_size > 0 else dims
 
 
-def _rows(inputs: dict[str, Array], config: mc.ModelConfig | ModelMetadata) -> int:
+def rows_of(inputs: dict[str, Array], config: mc.ModelConfig | ModelMetadata) -> int:
     first = next(iter(inputs.values()), None)
     return int(first.shape[0]) if first is not None and first.ndim and config.max_batch_size > 0 else 1
 
 
 @dataclass(frozen=True)
 class WarmedUp:
-    sources: tuple[str, ...]
-    """What each warm-up request was made of (for the log and the swap report)."""
-    requests: tuple[dict[str, Array], ...]
-    """The inputs that ran: a swap runs them on the current version too, to compare."""
+    ran: tuple[Warmup, ...]
+    """The warm-up requests the version answered: a swap runs them on the current version too, to compare."""
     outputs: tuple[dict[str, Array], ...]
+    failed: tuple[str, ...] = ()
+    """Why the invented requests that failed did (the version serves anyway; the index shows it as a note)."""
+    invented: bool = False
+    """The warm-up data was made up by the gateway (no manifest, no ``model_warmup``)."""
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """What each answered warm-up request was made of (for the log and the swap report)."""
+        return tuple(plan.source for plan in self.ran)
 
 
 async def warm_up(backend: Backend, entry: ModelEntry, version: int, *, timeout_s: float) -> WarmedUp:
     """Run the version's warm-up requests through the backend, as traffic will reach it (validation, batcher,
     Triton), plus one row and a full batch so that memory arenas grow now and not under the first burst.
-    Raises ``WarmupError`` naming the request and what was wrong with its answer."""
+    Raises ``WarmupError`` naming the request and what was wrong with its answer when the data was declared (a
+    manifest's samples, the config's ``model_warmup``); what failed of the data the gateway made up (invented
+    inputs, the extra batch sizes, which Triton does not run) is in ``failed``."""
     config = await backend.config(entry.name, version)
     metadata = await backend.metadata(entry.name, version)
     plans = await asyncio.to_thread(warmup_requests, entry.path, version, config)
-    outputs = []
+    ran, outputs, failed = [], [], []
     for plan in plans:
-        outputs.append(await _run(backend, metadata, entry.name, version, plan.inputs, plan.source, timeout_s))
-    first = plans[0].inputs if plans else {}
+        try:
+            answer = await run_request(backend, metadata, entry.name, version, plan.inputs, plan.source, timeout_s)
+        except WarmupError as exc:
+            if not plan.invented:
+                raise
+            failed.append(str(exc))
+            continue
+        ran.append(plan)
+        outputs.append(answer)
+    first = ran[0].inputs if ran else {}
     if config.max_batch_size > 0 and first:
-        sizes = {1, int(config.max_batch_size)} - {_rows(first, config)}
-        for rows in sorted(sizes):
+        for rows in sorted({1, int(config.max_batch_size)} - {rows_of(first, config)}):
             resized = {n: np.ascontiguousarray(np.resize(v, (rows, *v.shape[1:]))) for n, v in first.items()}
-            await _run(backend, metadata, entry.name, version, resized, f"a batch of {rows}", timeout_s)
-    return WarmedUp(tuple(p.source for p in plans), tuple(p.inputs for p in plans), tuple(outputs))
+            try:
+                await run_request(backend, metadata, entry.name, version, resized, f"a batch of {rows}", timeout_s)
+            except WarmupError as exc:
+                failed.append(str(exc))
+    return WarmedUp(tuple(ran), tuple(outputs), tuple(failed), any(plan.invented for plan in plans))
 
 
-def probe_request(config: mc.ModelConfig) -> dict[str, Array]:
-    """Two rows of seeded random values (zeros for integer and boolean inputs, empty strings for BYTES): something
-    to compare two versions on when the only warm-up data is zeros, on which most models answer alike."""
-    generator = np.random.default_rng(0)
-    inputs = {}
-    for tensor in config.input:
-        dtype = _dtype(tensor)
-        shape = _zero_shape(tensor, config)
-        if config.max_batch_size > 0:
-            shape[0] = min(2, int(config.max_batch_size))
-        floating = np.issubdtype(dtype, np.floating)
-        inputs[tensor.name] = generator.standard_normal(shape).astype(dtype) if floating else _zeros(shape, dtype)
-    return inputs
-
-
-async def compare_versions(
-    backend: Backend, entry: ModelEntry, new: int, old: int, warmed: WarmedUp | None, timeout_s: float
-) -> dict[str, Any]:
-    """The same requests on both versions; the largest difference per output (what a swap reports)."""
-    requests = await comparison_requests(backend, entry, new, warmed)
-    after = await run_requests(backend, entry.name, new, requests, timeout_s=timeout_s)
-    before = await run_requests(backend, entry.name, old, requests, timeout_s=timeout_s)
-    return {"against": old, "max_abs_diff": max_abs_difference(after, before)}
-
-
-async def comparison_requests(
-    backend: Backend, entry: ModelEntry, version: int, warmed: WarmedUp | None
-) -> tuple[dict[str, Array], ...]:
-    """What a swap runs on the new and the current version to compare them: the warm-up's own requests (built
-    again when the version was loaded earlier), plus seeded random rows when those are only zeros."""
-    config = await backend.config(entry.name, version)
-    if warmed is None:
-        plans = await asyncio.to_thread(warmup_requests, entry.path, version, config)
-        warmed = WarmedUp(tuple(p.source for p in plans), tuple(p.inputs for p in plans), ())
-    requests = list(warmed.requests)
-    if any(source.startswith("zero-filled") for source in warmed.sources):
-        requests.append(probe_request(config))
-    return tuple(requests)
-
-
-async def run_requests(
-    backend: Backend, model: str, version: int, requests: tuple[dict[str, Array], ...], *, timeout_s: float
-) -> list[dict[str, Array]]:
-    """The same inputs on another version (the one a swap replaces), for the comparison."""
-    metadata = await backend.metadata(model, version)
-    return [await _run(backend, metadata, model, version, inputs, "comparison", timeout_s) for inputs in requests]
-
-
-def max_abs_difference(new: list[dict[str, Array]], old: list[dict[str, Array]]) -> dict[str, float | str]:
-    """Per output, the largest |new - old| over every request (or why they cannot be compared); BYTES outputs
-    have no distance: 0 when equal, else how many strings differ."""
-    worst: dict[str, float | str] = {}
-    for got, had in zip(new, old, strict=True):
-        for name, value in got.items():
-            if name not in had:
-                worst[name] = "missing from the current version's answer"
-            elif value.shape != had[name].shape:
-                worst[name] = f"shape {list(value.shape)} vs {list(had[name].shape)}"
-            elif value.dtype == OBJECT or had[name].dtype == OBJECT:
-                changed = differing(value, had[name]) if value.dtype == had[name].dtype else value.size
-                if changed and not isinstance(worst.get(name), str):
-                    worst[name] = f"{changed} of {value.size} strings differ"
-                else:
-                    worst.setdefault(name, 0.0)
-            elif not isinstance(worst.get(name, 0.0), str):
-                diff = float(np.max(np.abs(value.astype(np.float64) - had[name].astype(np.float64)), initial=0.0))
-                # JSON has no NaN: a version that answers NaN or inf says so in words.
-                worst[name] = max(float(worst.get(name, 0.0)), diff) if math.isfinite(diff) else "not finite"
-    return worst
-
-
-async def _run(
+async def run_request(
     backend: Backend,
     metadata: ModelMetadata,
     model: str,
@@ -225,6 +188,8 @@ async def _run(
     source: str,
     timeout_s: float,
 ) -> dict[str, Array]:
+    """One request the gateway makes (warm-up, comparison) through validation and the backend, its answer checked
+    against the config; ``WarmupError`` naming ``source`` when it fails."""
     tensors = [InferInput(name, _datatype(metadata, name), tuple(a.shape), a) for name, a in inputs.items()]
     request = InferRequest(model, version, tensors, id="switchyard-warmup")
     try:
@@ -236,7 +201,7 @@ async def _run(
     except GatewayError as exc:
         raise WarmupError(f"warm-up request ({source}) failed: {exc}") from None
     answer = {output.name: output.data for output in response.outputs}
-    _check_outputs(metadata, answer, _rows(inputs, metadata), source)
+    _check_outputs(metadata, answer, rows_of(inputs, metadata), source)
     return answer
 
 

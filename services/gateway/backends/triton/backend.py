@@ -28,7 +28,7 @@ from services.gateway.backends.triton.http_pool import HttpPool
 from services.gateway.backends.triton.shared_memory import TritonSharedMemory
 from services.gateway.backends.triton.statistics import read_statistics
 from services.gateway.backends.triton.trials import TritonTrials
-from services.gateway.errors import BackendUnavailable, GatewayError, ModelNotFound
+from services.gateway.errors import BackendUnavailable, GatewayError, unknown_version
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import Settings
 from services.gateway.tensors.types import InferRequest, InferResponse, ModelMetadata, VersionState
@@ -79,6 +79,7 @@ class TritonBackend(TritonHealth):
     # -- lifecycle ------------------------------------------------------------------------------------------
     shared_server = True
     enforces_deadlines = True  # every call carries its deadline as the gRPC deadline (calls.py)
+    forwards_parameters = True  # both transports put them in Triton's request (codec.py, http_codec.py)
 
     async def adopt(self, model: str, versions: Collection[int]) -> None:
         """Another gateway drove this model's versions on the shared Triton: want ``versions`` from now on, so that
@@ -175,7 +176,7 @@ class TritonBackend(TritonHealth):
     async def unload(self, model: str, version: int) -> None:
         self._catalog.entry(model)
         if version not in self._states.get(model, {}):
-            raise ModelNotFound(f"model '{model}' version {version} is not loaded")
+            raise unknown_version(model, version, "not loaded")
         async with self._locks[model]:
             # Triton lets the requests in flight on a dropped version finish before unloading it.
             await self._switch(model, self._wanted[model] - {version})
@@ -242,7 +243,7 @@ class TritonBackend(TritonHealth):
     def _check_known(self, model: str, version: int) -> None:
         self._catalog.entry(model)
         if version not in self._states.get(model, {}):
-            raise ModelNotFound(f"model '{model}' has no version {version} loaded")
+            raise unknown_version(model, version, "not loaded")
 
     # -- inference (calls.py) -------------------------------------------------------------------------------
     async def infer(

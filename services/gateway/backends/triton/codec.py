@@ -3,6 +3,7 @@ tensors in Triton's serialized form, kept as they came for the gRPC front end)."
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,8 @@ from services.gateway.errors import InferenceFailed, InvalidInput
 from services.gateway.tensors.bytes_codec import OBJECT, deserialize, raw_bytes
 from services.gateway.tensors.datatypes import numpy_dtype
 from services.gateway.tensors.types import Array, InferOutput, InferRequest, InferResponse
+
+INT64_MAX = 2**63 - 1
 
 
 def infer_request(
@@ -28,11 +31,31 @@ def infer_request(
             message.raw_input_contents.append(raw_bytes(tensor.data))
     if forward:
         forward_outputs(message, request)
+    if request.parameters:
+        put_request_parameters(message.parameters, request.parameters)
     if priority:
         message.parameters["priority"].uint64_param = priority
     if timeout_s is not None:
         message.parameters["timeout"].int64_param = max(1, int(timeout_s * 1e6))
     return message
+
+
+def put_request_parameters(parameters: Any, values: Mapping[str, Any]) -> None:
+    """The client's own request parameters as Triton's ``InferParameter`` kinds (a bool before an int: in Python
+    it is one). Integers past int64 travel as uint64, as tritonclient sends them."""
+    for key, value in values.items():
+        parameter = parameters[key]
+        if isinstance(value, bool):
+            parameter.bool_param = value
+        elif isinstance(value, int):
+            if value > INT64_MAX:
+                parameter.uint64_param = value
+            else:
+                parameter.int64_param = value
+        elif isinstance(value, float):
+            parameter.double_param = value
+        else:
+            parameter.string_param = value
 
 
 def infer_response(

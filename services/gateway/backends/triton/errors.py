@@ -7,6 +7,7 @@ import logging
 from services.gateway.backends.circuit import CircuitBreaker
 from services.gateway.backends.triton.shared_memory import refused
 from services.gateway.errors import (
+    UNKNOWN_MODEL,
     BackendUnavailable,
     DeadlineExceeded,
     GatewayError,
@@ -15,6 +16,8 @@ from services.gateway.errors import (
     ModelNotFound,
     ModelNotReady,
     Overloaded,
+    unknown_version,
+    version_not_ready,
 )
 from services.modelrepo.control import ModelControlError
 
@@ -44,12 +47,18 @@ class TritonErrors:
             self.breaker.record_failure()
             return self.unavailable(f"Triton at {self.url} is unavailable: {message}")
         self.breaker.record_success()  # Triton answered: it is up
-        if code == "NOT_FOUND" or "is not found" in message or "unknown model" in message:
-            return ModelNotFound(f"Triton does not serve {target}")
+        told = triton_words(message)
+        # Triton words both with "Request for unknown model": the state comes first, "not at ready state" is a 503.
         if is_model_state(message):
-            return ModelNotReady(f"{target} is not ready in Triton")
+            if told.startswith(UNKNOWN_MODEL):
+                return ModelNotReady(f"{told}; not ready in Triton")
+            return version_not_ready(model, version, "not ready in Triton")
+        if code == "NOT_FOUND" or "is not found" in message or UNKNOWN_MODEL.lower() in message.lower():
+            if told.startswith(UNKNOWN_MODEL):  # Triton's own words, which name what it does not serve
+                return ModelNotFound(f"{told}; Triton does not serve {target}")
+            return unknown_version(model, version, "Triton does not serve it")
         if code == "INVALID_ARGUMENT":
-            return InvalidInput(f"Triton rejected the request to {target}: {message}")
+            return InvalidInput(f"{told} (Triton refused the request to {target})")
         if code == "RESOURCE_EXHAUSTED":
             return Overloaded(f"Triton refused the request to {target}: {message}")
         if code == "CANCELLED":
@@ -73,6 +82,13 @@ class TritonErrors:
         error = BackendUnavailable(detail if public else f"the model server is unavailable; retry in {retry} s")
         error.retry_after_s = retry
         return error
+
+
+def triton_words(message: str) -> str:
+    """Triton's message without the ``[request id: ...]`` it puts first, which names Triton's request, not ours."""
+    if message.startswith("[request id:"):
+        return message.partition("] ")[2] or message
+    return message
 
 
 def is_model_state(message: str) -> bool:

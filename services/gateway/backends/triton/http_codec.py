@@ -38,7 +38,7 @@ def http_request(
              "parameters": {"binary_data_size": size}}
         )  # fmt: skip
         parts.append(data)
-    parameters: dict[str, Any] = {"binary_data_output": True}
+    parameters: dict[str, Any] = {**request.parameters, "binary_data_output": True}
     if priority:
         parameters["priority"] = priority
     if timeout_s is not None:

@@ -188,14 +188,15 @@ def forward_outputs(message: service_pb2.ModelInferRequest, request: InferReques
     for name in request.outputs or ():
         entry = message.outputs.add(name=name)
         target = request.output_regions.get(name)
-        if target is not None and target.region.remote_name is not None:  # else Triton answers, the gateway copies
+        # Else Triton answers and the gateway copies; a classified output too (the gateway ranks it first).
+        if target is not None and target.region.remote_name is not None and name not in request.classification:
             _name(entry.parameters, target)
 
 
 def forwarded_output(request: InferRequest, name: str, datatype: str, shape: tuple[int, ...]) -> InferOutput | None:
     """An output Triton wrote into the client's region, read from the gateway's own mapping of it."""
     target = request.output_regions.get(name)
-    if target is None or target.region.remote_name is None:
+    if target is None or target.region.remote_name is None or name in request.classification:
         return None
     return written_by_server(target, name, datatype, shape)
 

@@ -10,7 +10,7 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from services.gateway.backends.triton.errors import TritonErrors
-from services.gateway.errors import GatewayError, ModelNotFound
+from services.gateway.errors import GatewayError, no_statistics
 from services.modelrepo.control import ModelControlError
 
 
@@ -41,6 +41,5 @@ def _translated(
     # Triton answers INVALID_ARGUMENT "requested model 'm' is not available" (or "requested model version is not
     # available") for a version it does not serve: the gateway's 404 for a version that is not loaded.
     if code == "INVALID_ARGUMENT" and "not available" in message:
-        target = f"model '{model}'" if version is None else f"model '{model}' version {version}"
-        return ModelNotFound(f"Triton serves no ready version of {target}")
+        return no_statistics(model or "", version, "Triton serves no ready version of it")
     return errors.control_error(ModelControlError(f"reading Triton's statistics failed: {message}", code))
