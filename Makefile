@@ -12,12 +12,10 @@ PACKAGES := exporter services examples loadtests
 install: $(VENV)/.installed triton-install
 
 # Re-runs only when pyproject.toml changes; the torch==2.13.0 CPU wheel is found on local disk via PIP_FIND_LINKS.
-# No byte-compiling at install: the dev tools bring thousands of modules no process imports (kubernetes' client
-# models, most of torch); Python compiles what is imported, once, on first use.
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[export,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[export,dev]'
 	touch $@
 
 # Local CPU Triton (nvidia-pytriton wheel + python-backend stub env) under .triton/; idempotent, ~1 s when done.
@@ -62,13 +60,7 @@ docs: install
 docs-serve: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
-# The type check runs beside the tests (it keeps one core busy for ~25 s, and the suite waits on servers often
-# enough to absorb it); its report follows the tests', and either failing fails the target.
-test: lint docs install
-	@($(BIN)/mypy --strict $(PACKAGES) > $(VENV)/.typecheck.log 2>&1; echo $$? > $(VENV)/.typecheck.rc) & \
-	$(BIN)/pytest -n 2 --dist loadgroup; tests=$$?; wait; \
-	echo "$(BIN)/mypy --strict $(PACKAGES)"; cat $(VENV)/.typecheck.log; \
-	typecheck=$$(cat $(VENV)/.typecheck.rc); exit $$(( tests != 0 ? tests : typecheck ))
+test: lint typecheck docs pytest
 
 bench: install
 	@if [ -z "$$(ls -d $(REPO)/*/ 2>/dev/null)" ]; then $(MAKE) --no-print-directory models; fi
