@@ -12,6 +12,13 @@ from services.gateway.errors import GatewayError
 from services.gateway.rest import compression
 from services.gateway.rest.compression import answer_coding, encode_answer, inflater_for
 
+
+def _gzip(data: bytes) -> bytes:
+    """gzip with a fixed mtime: parameters built from these bytes name the tests, and every xdist worker must
+    collect the same names (the header's default mtime is the current second)."""
+    return gzip.compress(data, mtime=0)
+
+
 BODY = b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}' * 40
 
 
@@ -31,8 +38,8 @@ def _raw_deflate(data: bytes) -> bytes:
 @pytest.mark.parametrize("piece", [1, 7, 1 << 20])
 @pytest.mark.parametrize(
     ("coding", "data"),
-    [("gzip", gzip.compress(BODY)), ("x-gzip", gzip.compress(BODY)), ("deflate", zlib.compress(BODY)),
-     ("deflate", _raw_deflate(BODY)), ("gzip", gzip.compress(BODY[:10]) + gzip.compress(BODY[10:]))],
+    [("gzip", _gzip(BODY)), ("x-gzip", _gzip(BODY)), ("deflate", zlib.compress(BODY)),
+     ("deflate", _raw_deflate(BODY)), ("gzip", _gzip(BODY[:10]) + _gzip(BODY[10:]))],
     ids=["gzip", "x-gzip", "zlib", "raw-deflate", "gzip-members"],
 )  # fmt: skip
 def test_inflater_gives_the_body_back_when_it_arrives_in_any_pieces(coding: str, data: bytes, piece: int) -> None:
@@ -42,7 +49,7 @@ def test_inflater_gives_the_body_back_when_it_arrives_in_any_pieces(coding: str,
 @pytest.mark.parametrize("piece", [1, 1 << 20])
 def test_inflater_answers_413_when_the_inflated_body_passes_the_limit_by_one_byte(piece: int) -> None:
     with pytest.raises(GatewayError) as refused:
-        _inflate("gzip", gzip.compress(BODY), len(BODY) - 1, piece)
+        _inflate("gzip", _gzip(BODY), len(BODY) - 1, piece)
     assert refused.value.status == 413
     limit = len(BODY) - 1
     assert str(refused.value) == f"decompressed request body exceeds the {limit} byte limit (Content-Encoding: gzip)"
@@ -51,8 +58,8 @@ def test_inflater_answers_413_when_the_inflated_body_passes_the_limit_by_one_byt
 @pytest.mark.parametrize(
     ("coding", "data", "expected"),
     [("gzip", b"", "ends before its gzip data does"), ("deflate", b"x", "ends before its deflate data does"),
-     ("gzip", gzip.compress(BODY)[:-1], "ends before its gzip data does"),
-     ("gzip", gzip.compress(BODY) + b"junk", "not valid gzip data"),
+     ("gzip", _gzip(BODY)[:-1], "ends before its gzip data does"),
+     ("gzip", _gzip(BODY) + b"junk", "not valid gzip data"),
      ("deflate", zlib.compress(BODY) + b"junk", "bytes after the end of its deflate data"),
      ("deflate", b"\x78\x9c\xff\xff\xff", "not valid deflate data")],
 )  # fmt: skip

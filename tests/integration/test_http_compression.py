@@ -25,6 +25,13 @@ from services.gateway.tensors.types import Array
 from tests.gateway_process import GatewayProcess, gateway_process
 from tests.raw_http import exchange, reset_peak_rss, rss_kib
 
+
+def _gzip(data: bytes) -> bytes:
+    """gzip with a fixed mtime: parameters built from these bytes name the tests, and every xdist worker must
+    collect the same names (the header's default mtime is the current second)."""
+    return gzip.compress(data, mtime=0)
+
+
 pytestmark = pytest.mark.slow  # a gateway process
 TOKEN = "compression-token"
 MIB = 1024 * 1024
@@ -155,7 +162,7 @@ def test_raw_deflate_and_gzip_members_are_read_when_clients_send_them(
 ) -> None:
     body, headers = _binary_request(features)
     if coding == "gzip":  # two members one after the other, as `cat a.gz b.gz` makes
-        coded = gzip.compress(body[:100]) + gzip.compress(body[100:])
+        coded = _gzip(body[:100]) + _gzip(body[100:])
     else:  # RFC 1951 without the zlib wrapper
         packer = zlib.compressobj(wbits=-zlib.MAX_WBITS)
         coded = packer.compress(body) + packer.flush()
@@ -178,7 +185,7 @@ def test_unsupported_content_encoding_answers_415_naming_it_when_a_client_sends_
 @pytest.mark.parametrize(
     ("coding", "body", "expected"),
     [("gzip", b"not gzip at all", "not valid gzip data"), ("deflate", b"\x78\x9c\xff\xff", "not valid deflate data"),
-     ("gzip", gzip.compress(b'{"inputs": []}')[:-6], "ends before its gzip data does")],
+     ("gzip", _gzip(b'{"inputs": []}')[:-6], "ends before its gzip data does")],
 )  # fmt: skip
 def test_corrupt_compressed_body_answers_400_naming_the_encoding_when_it_does_not_inflate(
     gateway: GatewayProcess, coding: str, body: bytes, expected: str
@@ -202,8 +209,8 @@ def test_compressed_body_passes_at_the_limit_and_answers_413_when_it_inflates_on
     gateway: GatewayProcess, features: Array
 ) -> None:
     url = f"http://{gateway.http_url}/v2/models/mlp/infer"
-    within = httpx.post(url, content=gzip.compress(_padded(features, LIMIT)), headers={"Content-Encoding": "gzip"})
-    over = httpx.post(url, content=gzip.compress(_padded(features, LIMIT + 1)), headers={"Content-Encoding": "gzip"})
+    within = httpx.post(url, content=_gzip(_padded(features, LIMIT)), headers={"Content-Encoding": "gzip"})
+    over = httpx.post(url, content=_gzip(_padded(features, LIMIT + 1)), headers={"Content-Encoding": "gzip"})
     assert within.status_code == 200, within.text
     assert over.status_code == 413
     assert over.json()["error"] == f"decompressed request body exceeds the {LIMIT} byte limit (Content-Encoding: gzip)"
