@@ -5,7 +5,9 @@ Triton (tests/triton/test_error_texts_triton.py) tests run the rows; tests/test_
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -205,3 +207,32 @@ def malformed_version(shown: str) -> str:
         f"failed to get model version from specified version string {shown}; "
         f"versions are decimal integers like 1 or 12, got {shown}"
     )
+
+
+def check_http(http_url: str, case: ErrorCase) -> None:
+    status, text = http_answer(http_url, case.call)
+    assert (status, text[: len(case.text)]) == (case.http_status, case.text), text
+
+
+def check_grpc(grpc_url: str, case: ErrorCase) -> None:
+    if not case.grpc_code:
+        return
+    code, text = grpc_answer(grpc_url, case.call)
+    expected = "" if case.grpc_code == "OK" else case.text
+    assert (code, text[: len(expected)]) == (case.grpc_code, expected), text
+
+
+def check_stateful_rows(http_url: str, grpc_url: str, source: Path) -> None:
+    """A version 3 that cannot load: the load fails in Triton's words (and so again over gRPC), version 3 is then
+    known and not ready; once the model is unloaded it has no available versions. Changes the model: run it last."""
+    shutil.copytree(source / MODEL / "2", source / MODEL / "3")
+    (source / MODEL / "3" / "model.onnx").write_bytes(b"\x08\x07 not an onnx graph")
+    load_fails, not_ready, unloaded = (next(c for c in CASES if c.case == name) for name in (
+        "load: a version fails", "version not ready", "no available versions"))
+    for case in (load_fails, not_ready):
+        check_http(http_url, case)
+        check_grpc(grpc_url, case)
+    status, text = http_answer(http_url, Call("unload"))
+    assert status == 200, text
+    check_http(http_url, unloaded)
+    check_grpc(grpc_url, unloaded)

@@ -5,6 +5,7 @@ refuses them)."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from tests.shared_exports import copy_examples
 from tests.triton.support import gateway_settings, local_gateway, local_triton
 
 pytestmark = pytest.mark.slow
+SEQUENCED = "mlp_sequence"
 LABELS = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu"]  # 7 labels for 8 classes: the last one has none
 ROWS = np.random.default_rng(3).standard_normal((3, 32)).astype(np.float32)
 
@@ -40,6 +42,11 @@ def labelled_repository(example_repository: Path, tmp_path_factory: pytest.TempP
             output.label_filename = "labels.txt"
     config_path.write_text(text_format.MessageToString(config))
     (root / "mlp" / "labels.txt").write_text("\n".join(LABELS) + "\n")
+    # The same model behind Triton's sequence batcher: every request must name its sequence (correlation id).
+    shutil.copytree(root / "mlp", root / SEQUENCED)
+    config.name = SEQUENCED
+    config.sequence_batching.SetInParent()  # replaces the dynamic batcher (one scheduler per model)
+    (root / SEQUENCED / layout.CONFIG_FILE).write_text(text_format.MessageToString(config))
     return root
 
 
@@ -144,3 +151,22 @@ def test_sequence_parameters_are_refused_for_a_model_without_a_sequence_batcher(
     # tritonclient sends all three (sequence_end false): the answer names each
     text = "sequence parameter(s) 'sequence_id', 'sequence_start', 'sequence_end' not supported for model 'mlp'"
     assert text in error.message()
+
+
+def test_sequence_parameters_reach_tritons_sequence_batcher_and_the_embedded_backend_refuses_them(
+    servers: tuple[LocalTriton, RunningGateway, RunningGateway],
+) -> None:
+    _, through_triton, embedded = servers
+    tensor = grpcclient.InferInput("features", [1, ROWS.shape[1]], "FP32")  # a sequence batcher takes one row
+    tensor.set_data_from_numpy(ROWS[:1])
+    with grpcclient.InferenceServerClient(through_triton.grpc_url) as client:
+        plain = client.infer("mlp", [tensor], model_version="1").as_numpy("logits")
+        answer = client.infer(SEQUENCED, [tensor], model_version="1", sequence_id=7, sequence_start=True,
+                              sequence_end=True)
+        assert np.array_equal(answer.as_numpy("logits"), plain)
+        # Triton's sequence batcher, not the gateway, refuses a request that names no sequence: the id got through
+        error = _refusal(lambda: client.infer(SEQUENCED, [tensor], model_version="1"))
+        assert "correlation ID" in error.message()
+    with grpcclient.InferenceServerClient(embedded.grpc_url) as client:
+        error = _refusal(lambda: client.infer(SEQUENCED, [tensor], sequence_id=7, sequence_start=True))
+        assert "the embedded backend has no sequence batcher" in error.message()

@@ -1,25 +1,51 @@
-"""Triton's error texts and status codes with the Triton backend, over HTTP and gRPC: the rows of tests/error_texts.py
-that leave the session gateway as it is. The repository API's rows run on the embedded backend only
-(tests/integration/test_error_texts.py): it refuses them before any backend is asked, and it is closed here."""
+"""Triton's error texts and status codes with the Triton backend, over HTTP and gRPC: every row of
+tests/error_texts.py (docs/protocol.md, "Error texts"), as on the embedded backend (tests/integration/
+test_error_texts.py). A local Triton of its own: the rows that need a state of their own break a version and unload
+the model, which the session's gateway must not see."""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
-from tests.error_texts import STATELESS, ErrorCase, grpc_answer, http_answer
+from services.tritonlocal import TritonInstall
+from tests.error_texts import MODEL, STATELESS, ErrorCase, check_grpc, check_http, check_stateful_rows
 from tests.gateway_harness import RunningGateway
+from tests.triton.support import gateway_settings, local_gateway, local_triton
 
-pytestmark = pytest.mark.slow  # the session's local Triton and a gateway on real ports
-
-ROUTED = tuple(case for case in STATELESS if case.call.kind not in ("load", "unload"))
+pytestmark = pytest.mark.slow  # a local Triton and a gateway on real ports
 
 
-@pytest.mark.parametrize("case", ROUTED, ids=lambda case: case.case)
+@pytest.fixture(scope="module")
+def source(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """mlp, versions 1 and 2 (policy ``all``), in a repository the scenario adds a broken version to."""
+    root = tmp_path_factory.mktemp("error-texts") / "repository"
+    shutil.copytree(repository / MODEL, root / MODEL)
+    return root
+
+
+@pytest.fixture(scope="module")
+def texts_gateway(install: TritonInstall, source: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
+    RunningGateway
+]:
+    with local_triton(source, tmp_path_factory.mktemp("error-texts-triton"), install) as triton:
+        settings = gateway_settings(triton.grpc_url, source, repository_api_open=True, repository_poll_s=0)
+        with local_gateway(settings) as running:
+            yield running
+
+
+@pytest.mark.parametrize("case", STATELESS, ids=lambda case: case.case)
 def test_answer_starts_with_tritons_text_and_status_when_the_request_is_wrong(
-    gateway: RunningGateway, case: ErrorCase
+    texts_gateway: RunningGateway, case: ErrorCase
 ) -> None:
-    status, text = http_answer(gateway.http_url, case.call)
-    assert (status, text[: len(case.text)]) == (case.http_status, case.text), text
-    if case.grpc_code:
-        code, message = grpc_answer(gateway.grpc_url, case.call)
-        assert (code, message[: len(case.text)]) == (case.grpc_code, case.text), message
+    check_http(texts_gateway.http_url, case)
+    check_grpc(texts_gateway.grpc_url, case)
+
+
+def test_failed_load_not_ready_version_and_unloaded_model_are_told_in_tritons_words(
+    texts_gateway: RunningGateway, source: Path
+) -> None:
+    check_stateful_rows(texts_gateway.http_url, texts_gateway.grpc_url, source)

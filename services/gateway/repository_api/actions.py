@@ -189,6 +189,10 @@ class RepositoryActions:
             async with steps.run("drain"):
                 finished = await asyncio.gather(*(manager.leases.drain(model, v, timeout) for v in versions))
             for version in versions:
+                if manager.backend.state(model, version) is None:
+                    # Gone already: Triton drops a version that never loaded once the others are reloaded.
+                    manager.router.note(model, version, None)
+                    continue
                 try:
                     async with steps.run("unload"):
                         await manager.backend.unload(model, version)

@@ -83,11 +83,11 @@ class Router:
         state = self._backend.state(model, version)
         if state is VersionState.READY and (model, version) not in self._warming:
             return version
-        if state is None and pinned:
+        problem = self.problem(model, version)
+        if state is None and pinned and problem is None:  # a version that failed to load is known, as in Triton
             loaded = ", ".join(str(v) for v in sorted(self._backend.models().get(model, {}))) or "none"
             raise unknown_version(model, version, f"loaded versions: {loaded}")
         detail = "warming up" if state is VersionState.READY else (state or VersionState.UNAVAILABLE).value.lower()
-        problem = self.problem(model, version)
         raise version_not_ready(model, version, f"{detail}: {problem}" if problem else detail)
 
     def warming(self, model: str, version: int, on: bool) -> None:

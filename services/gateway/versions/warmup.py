@@ -7,6 +7,7 @@ effort: Triton would serve the version without any warm-up, so its failure is re
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,6 +180,10 @@ async def warm_up(backend: Backend, entry: ModelEntry, version: int, *, timeout_
     return WarmedUp(tuple(ran), tuple(outputs), tuple(failed), any(plan.invented for plan in plans))
 
 
+_SEQUENCE_IDS = itertools.count(2**62)
+"""Correlation ids of the gateway's own requests to sequence-batched models: far from those clients count up from."""
+
+
 async def run_request(
     backend: Backend,
     metadata: ModelMetadata,
@@ -190,8 +195,36 @@ async def run_request(
 ) -> dict[str, Array]:
     """One request the gateway makes (warm-up, comparison) through validation and the backend, its answer checked
     against the config; ``WarmupError`` naming ``source`` when it fails."""
+    rows = rows_of(inputs, metadata)
+    if rows > 1 and (await backend.config(model, version)).HasField("sequence_batching"):
+        # Triton's sequence batcher takes one row per request: each row goes as a sequence of its own.
+        answers = [
+            await run_request(backend, metadata, model, version, {n: a[row : row + 1] for n, a in inputs.items()},
+                              f"{source}, row {row + 1}", timeout_s)
+            for row in range(rows)
+        ]
+        return {name: np.concatenate([answer[name] for answer in answers]) for name in answers[0]}
+    answer = await _run_one(backend, metadata, model, version, inputs, source, timeout_s)
+    _check_outputs(metadata, answer, rows, source)
+    return answer
+
+
+async def _run_one(
+    backend: Backend,
+    metadata: ModelMetadata,
+    model: str,
+    version: int,
+    inputs: dict[str, Array],
+    source: str,
+    timeout_s: float,
+) -> dict[str, Array]:
     tensors = [InferInput(name, _datatype(metadata, name), tuple(a.shape), a) for name, a in inputs.items()]
-    request = InferRequest(model, version, tensors, id="switchyard-warmup")
+    sequenced = (await backend.config(model, version)).HasField("sequence_batching")
+    # Behind Triton's sequence batcher every request must name its sequence: each of these is one of its own.
+    parameters = (
+        {"sequence_id": next(_SEQUENCE_IDS), "sequence_start": True, "sequence_end": True} if sequenced else {}
+    )
+    request = InferRequest(model, version, tensors, id="switchyard-warmup", parameters=parameters)
     try:
         validate(request, metadata)
         async with asyncio.timeout(timeout_s):
@@ -200,9 +233,7 @@ async def run_request(
         raise WarmupError(f"warm-up request ({source}) got no answer within {timeout_s:g} s") from None
     except GatewayError as exc:
         raise WarmupError(f"warm-up request ({source}) failed: {exc}") from None
-    answer = {output.name: output.data for output in response.outputs}
-    _check_outputs(metadata, answer, rows_of(inputs, metadata), source)
-    return answer
+    return {output.name: output.data for output in response.outputs}
 
 
 def _check_outputs(metadata: ModelMetadata, answer: dict[str, Array], rows: int, source: str) -> None:
