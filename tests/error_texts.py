@@ -236,3 +236,10 @@ def check_stateful_rows(http_url: str, grpc_url: str, source: Path) -> None:
     assert status == 200, text
     check_http(http_url, unloaded)
     check_grpc(grpc_url, unloaded)
+
+
+def scenario_repository(repository: Path, tmp_path_factory: Any) -> Path:
+    """mlp, versions 1 and 2 (policy ``all``), copied from ``repository``: the scenario adds a broken version."""
+    root = Path(tmp_path_factory.mktemp("error-texts")) / "repository"
+    shutil.copytree(repository / MODEL, root / MODEL)
+    return root

@@ -5,14 +5,20 @@ the model, which the session's gateway must not see."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from services.tritonlocal import TritonInstall
-from tests.error_texts import MODEL, STATELESS, ErrorCase, check_grpc, check_http, check_stateful_rows
+from tests.error_texts import (
+    STATELESS,
+    ErrorCase,
+    check_grpc,
+    check_http,
+    check_stateful_rows,
+    scenario_repository,
+)
 from tests.gateway_harness import RunningGateway
 from tests.triton.support import gateway_settings, local_gateway, local_triton
 
@@ -21,10 +27,7 @@ pytestmark = pytest.mark.slow  # a local Triton and a gateway on real ports
 
 @pytest.fixture(scope="module")
 def source(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """mlp, versions 1 and 2 (policy ``all``), in a repository the scenario adds a broken version to."""
-    root = tmp_path_factory.mktemp("error-texts") / "repository"
-    shutil.copytree(repository / MODEL, root / MODEL)
-    return root
+    return scenario_repository(repository, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
