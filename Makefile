@@ -9,13 +9,24 @@ PACKAGES := exporter services examples loadtests
 
 .PHONY: install triton-install triton models zoo serve test test-fast lint typecheck pytest docs docs-serve bench loadtest console-screens clean-models
 
-install: $(VENV)/.installed triton-install
+KSERVE := .kserve
+KSERVE_SPEC := kserve==0.21.0
+
+install: $(VENV)/.installed triton-install $(KSERVE)/.installed-$(KSERVE_SPEC)
 
 # Re-runs only when pyproject.toml changes; the torch==2.13.0 CPU wheel is found on local disk via PIP_FIND_LINKS.
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install --quiet -e '.[export,dev]'
+	touch $@
+
+# KServe's own Python SDK, which tests/kserve_sdk.py drives against the gateway, in an environment of its own: its gRPC
+# stubs and tritonclient's define the same protobuf package (one interpreter cannot load both), and it would hold
+# psutil and python-dateutil back in the project's. Installs beside the other two with `make -j 2 install`.
+$(KSERVE)/.installed-$(KSERVE_SPEC):
+	rm -rf $(KSERVE) && $(PYTHON) -m venv $(KSERVE)
+	$(KSERVE)/bin/python -m pip install --quiet '$(KSERVE_SPEC)'
 	touch $@
 
 # Local CPU Triton (nvidia-pytriton wheel + python-backend stub env) under .triton/; idempotent, ~1 s when done.

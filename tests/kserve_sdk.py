@@ -127,11 +127,15 @@ def assert_answer(answer: Json, expected: dict[str, Any]) -> None:
 _NUMPY = {"FP32": np.float32, "FP64": np.float64, "INT32": np.int32, "INT64": np.int64}
 
 
+SDK_PYTHON = ROOT / ".kserve" / "bin" / "python"
+"""The interpreter of the SDK's own environment (``make install``): kserve is not in the project's."""
+
+
 def run_sdk(http_url: str, grpc_url: str, request: Json) -> Json:
-    """Run this module in a fresh interpreter and return its report; the SDK's error, if any, fails the caller."""
+    """Run this module in the SDK's environment and return its report; the SDK's error, if any, fails the caller."""
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}  # loopback, never through a proxy
     done = subprocess.run(
-        [sys.executable, "-m", "tests.kserve_sdk", http_url, grpc_url, json.dumps(request)],
+        [str(SDK_PYTHON), "-m", "tests.kserve_sdk", http_url, grpc_url, json.dumps(request)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr[-4000:]
