@@ -45,8 +45,16 @@ def channel_options(settings: Settings) -> list[tuple[str, Any]]:
         ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
         ("grpc.min_reconnect_backoff_ms", min(100, backoff_ms)),
         ("grpc.max_reconnect_backoff_ms", backoff_ms),
-        ("grpc.keepalive_time_ms", 10_000),
-        ("grpc.keepalive_timeout_ms", 5_000),
-        ("grpc.keepalive_permit_without_calls", 1),
+        # Pings within Triton's default policy: it allows one ping per 5 minutes without data and none without a
+        # call in flight, and after two strikes answers GOAWAY "too_many_pings", which fails the calls on the
+        # connection (a model load that runs past half a minute, with the 10 s pings this once sent). A dead Triton
+        # is found by the health probe and by each call's deadline, not by pings.
+        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.keepalive_permit_without_calls", 0),
         ("grpc.http2.max_pings_without_data", 0),
     ]
+
+
+KEEPALIVE_MS = 360_000
+"""Above Triton's ``--grpc-http2-min-recv-ping-interval-without-data`` default (300 000 ms)."""
