@@ -1,7 +1,7 @@
 """Triton's error texts and status codes with the Triton backend, over HTTP and gRPC: every row of
-tests/error_texts.py (docs/protocol.md, "Error texts"), as on the embedded backend (tests/integration/
-test_error_texts.py). A local Triton of its own: the rows that need a state of their own break a version and unload
-the model, which the session's gateway must not see."""
+tests/error_texts.py (docs/protocol.md, "Error texts"), as on the embedded backend (the tests are
+tests/error_text_cases.py's). A local Triton of its own: the rows that need a state of their own break a version and
+unload the model, which the session's gateway must not see."""
 
 from __future__ import annotations
 
@@ -11,13 +11,10 @@ from pathlib import Path
 import pytest
 
 from services.tritonlocal import TritonInstall
-from tests.error_texts import (
-    STATELESS,
-    ErrorCase,
-    check_grpc,
-    check_http,
-    check_stateful_rows,
-    scenario_repository,
+from tests.error_text_cases import (  # noqa: F401  (a fixture and tests pytest collects from here)
+    source,
+    test_answer_starts_with_tritons_text_and_status_when_the_request_is_wrong,
+    test_failed_load_not_ready_version_and_unloaded_model_are_told_in_tritons_words,
 )
 from tests.gateway_harness import RunningGateway
 from tests.triton.support import gateway_settings, local_gateway, local_triton
@@ -26,29 +23,10 @@ pytestmark = pytest.mark.slow  # a local Triton and a gateway on real ports
 
 
 @pytest.fixture(scope="module")
-def source(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return scenario_repository(repository, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def texts_gateway(install: TritonInstall, source: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-    RunningGateway
-]:
+def gateway(
+    install: TritonInstall, source: Path, tmp_path_factory: pytest.TempPathFactory  # noqa: F811
+) -> Iterator[RunningGateway]:
     with local_triton(source, tmp_path_factory.mktemp("error-texts-triton"), install) as triton:
         settings = gateway_settings(triton.grpc_url, source, repository_api_open=True, repository_poll_s=0)
         with local_gateway(settings) as running:
             yield running
-
-
-@pytest.mark.parametrize("case", STATELESS, ids=lambda case: case.case)
-def test_answer_starts_with_tritons_text_and_status_when_the_request_is_wrong(
-    texts_gateway: RunningGateway, case: ErrorCase
-) -> None:
-    check_http(texts_gateway.http_url, case)
-    check_grpc(texts_gateway.grpc_url, case)
-
-
-def test_failed_load_not_ready_version_and_unloaded_model_are_told_in_tritons_words(
-    texts_gateway: RunningGateway, source: Path
-) -> None:
-    check_stateful_rows(texts_gateway.http_url, texts_gateway.grpc_url, source)
