@@ -16,6 +16,7 @@ install: $(VENV)/.installed triton-install $(KSERVE)/.installed-$(KSERVE_SPEC)
 
 # Re-runs only when pyproject.toml changes; the torch==2.13.0 CPU wheel is found on local disk via PIP_FIND_LINKS.
 $(VENV)/.installed: pyproject.toml
+	@echo "make install: $(VENV)/ (the project, torch CPU, onnxruntime, the test tools; ~60 s the first time)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install --quiet -e '.[export,dev]'
@@ -25,6 +26,7 @@ $(VENV)/.installed: pyproject.toml
 # stubs and tritonclient's define the same protobuf package (one interpreter cannot load both), and it would hold
 # psutil and python-dateutil back in the project's. Installs beside the other two with `make -j 2 install`.
 $(KSERVE)/.installed-$(KSERVE_SPEC):
+	@echo "make install: $(KSERVE)/ (KServe's SDK, a client the protocol tests drive; ~40 s the first time)"
 	rm -rf $(KSERVE) && $(PYTHON) -m venv $(KSERVE)
 	$(KSERVE)/bin/python -m pip install --quiet '$(KSERVE_SPEC)'
 	touch $@
@@ -48,6 +50,7 @@ zoo: install
 
 serve: install
 	@if [ -z "$$(ls -d $(REPO)/*/ 2>/dev/null)" ]; then $(MAKE) --no-print-directory models; fi
+	@if [ -n "$$SWITCHYARD_ADMIN_TOKEN" ]; then $(SY) console --url "$${SWITCHYARD_ADMIN_URL:-http://127.0.0.1:$${SWITCHYARD_PORT:-8000}}"; fi
 	$(SY) serve --repository $(REPO)
 
 lint: install
@@ -78,9 +81,10 @@ bench: install
 	$(BIN)/python loadtests/bench.py --repository $(REPO)
 	$(BIN)/python loadtests/bench_triton.py --repository $(REPO)
 
-# Headless locust (loadtests/locustfile.py) against a running gateway: HTTP JSON + binary, gRPC (GRPC_TARGET, default
-# URL's host at port 8001) and the ops user switching versions (needs SWITCHYARD_ADMIN_TOKEN in the environment).
-# The SLO gates set the exit code; CSV and HTML reports go to loadtests/results/.
+# Headless locust (loadtests/locustfile.py) against a running gateway: HTTP JSON + binary, gRPC and the ops user
+# switching versions (needs SWITCHYARD_ADMIN_TOKEN in the environment). gRPC goes to GRPC_TARGET (HOST:PORT); left
+# empty, to URL's host at the gRPC port the gateway advertises in GET /v2, else at URL's port + 1 (the log says
+# which). The SLO gates set the exit code; CSV and HTML reports go to loadtests/results/.
 URL ?= http://127.0.0.1:8000
 GRPC_TARGET ?=
 DURATION ?= 60s

@@ -38,7 +38,8 @@ EXAMPLES = (
 
 
 def export_examples(repository: str | Path = "model_repository", console: Console | None = None) -> list[ExportResult]:
-    """Write every example version missing from ``repository``; both versions load (policy ``all``)."""
+    """Write every example version missing from ``repository``; both versions load (policy ``all``) and are
+    released, so a gateway's first start routes to version 2."""
     repo = ModelRepository(repository)
     written = []
     for example in EXAMPLES:
@@ -52,6 +53,7 @@ def export_examples(repository: str | Path = "model_repository", console: Consol
             result = export(
                 build(), {example.input_name: example.inputs(2, 0)}, name=example.name, repository=repository,
                 version=version, max_batch_size=32, version_policy="all", output_names=example.output_names,
+                release=True,  # both versions: a gateway's first start serves version 2, as the docs show
             )
             if console:
                 console.print(summary_table(result))

@@ -41,6 +41,9 @@ class ExportResult:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    released: bool = True
+    """Whether a gateway with no routing state for the model may serve this version as stable by itself (a model's
+    first version, or ``release=True``); otherwise it serves unversioned requests once activated."""
 
 
 def export(
@@ -64,6 +67,7 @@ def export(
     atol: float | None = None,
     rtol: float | None = None,
     opset: int | None = None,
+    release: bool | None = None,
     progress: Progress | None = None,
     verbose: bool = False,
 ) -> ExportResult:
@@ -78,7 +82,7 @@ def export(
         name=name, repository=str(repository), format=format, max_batch_size=max_batch_size,
         version=version, instances=instances, kind=kind, version_policy=policy,
         max_queue_delay_us=max_queue_delay_us, preferred_batch_sizes=tuple(preferred_batch_sizes),
-        priority_levels=priority_levels, atol=atol, rtol=rtol, opset=opset,
+        priority_levels=priority_levels, atol=atol, rtol=rtol, opset=opset, release=release,
     )
     report = progress or (lambda stage: None)
     repo = ModelRepository(options.repository)
@@ -149,8 +153,9 @@ def _export(
         with repo.locked():
             version = options.version if options.version is not None else repo.next_version(options.name)
             _check_compatible(repo, options.name, config)
+            released = options.release if options.release is not None else not repo.versions(options.name)
             write_manifest(
-                version_dir, options, version, platform=config.platform, artifact=artifact_path.name,
+                version_dir, options, version, released=released, platform=config.platform, artifact=artifact_path.name,
                 exporter=artifact.exporter, opset=artifact.opset, prepared=prepared, inputs=in_specs,
                 outputs=out_specs, parity=parity, notes=notes,
             )
@@ -160,7 +165,7 @@ def _export(
         config_path=repo.model_dir(options.name) / CONFIG_FILE, manifest_path=model_dir / MANIFEST_FILE,
         format=options.format, exporter=artifact.exporter, max_abs_error=parity.max_abs_error,
         max_rel_error=parity.max_rel_error, parity=parity, inputs=in_specs, outputs=out_specs,
-        notes=tuple(notes),
+        notes=tuple(notes), released=released,
     )
 
 

@@ -62,6 +62,11 @@ def export_command(
     example_batch: Annotated[int, typer.Option(help="Batch size of the generated example inputs.")] = 2,
     atol: Annotated[float | None, typer.Option(help="Parity tolerance, absolute.")] = None,
     rtol: Annotated[float | None, typer.Option(help="Parity tolerance, relative.")] = None,
+    release: Annotated[bool | None, typer.Option(
+        "--release/--no-release", show_default=False,
+        help="Whether a gateway starting with no routing state may serve this version by itself (default: only "
+             "a model's first version; later ones serve once activated).",
+    )] = None,
     debug: Annotated[bool, typer.Option(
         help="Show Python tracebacks and the exporters' own output (graphs, warnings) as it comes."
     )] = False,
@@ -93,7 +98,7 @@ def export_command(
                 dynamic_axes=axes or None, instances=instances, kind=kind,  # type: ignore[arg-type]
                 version_policy=version_policy, max_queue_delay_us=max_queue_delay_us,
                 preferred_batch_sizes=preferred_batch_size or (), priority_levels=priority_levels,
-                atol=atol, rtol=rtol, progress=advance, verbose=debug,
+                atol=atol, rtol=rtol, release=release, progress=advance, verbose=debug,
             )
             progress.update(tasks[current[-1]], completed=1)
     except ExportError as exc:
@@ -102,6 +107,9 @@ def export_command(
         console.print(f"[bold red]export failed:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     Console().print(summary_table(result))
+    if not result.released:
+        typer.echo(f"version {result.version} is not released: it serves unversioned requests once activated "
+                   f"(switchyard models activate {result.name} {result.version})")
 
 
 def _own_stderr() -> TextIO:
@@ -127,17 +135,17 @@ def _require_toolchain(debug: bool) -> None:
 
 def summary_table(result: ExportResult) -> Table:
     table = Table(title=f"{result.name} version {result.version} → {result.model_dir}", title_justify="left")
-    for column in ("tensor", "datatype", "dims", "max abs err", "max rel err", "atol/rtol"):
-        table.add_column(column)
+    for column in ("tensor", "datatype", "dims", "max abs err", "max rel err", "atol / rtol"):
+        table.add_column(column, overflow="fold")  # at 80 columns a cell wraps, never loses its end to "…"
     worst: dict[str, tuple[float, float, str]] = {}
     for check in result.parity.checks:
         prev = worst.get(check.output, (0.0, 0.0, ""))
         worst[check.output] = (max(prev[0], check.max_abs_error), max(prev[1], check.max_rel_error),
-                               f"{check.atol:g}/{check.rtol:g}")
+                               f"{check.atol:g} / {check.rtol:g}")
     for spec in result.inputs:
         table.add_row(f"in  {spec.name}", spec.datatype, str(list(spec.dims)), "", "", "")
     for (spec, (abs_err, rel_err, tol)) in zip(result.outputs, worst.values(), strict=True):
         table.add_row(f"out {spec.name}", spec.datatype, str(list(spec.dims)), f"{abs_err:.2e}", f"{rel_err:.2e}", tol)
-    table.caption = (f"{result.format} via {result.exporter}; parity at batch sizes "
-                     f"{list(result.parity.batch_sizes)}; " + "; ".join(result.notes))
+    parity = f"parity at batch sizes {list(result.parity.batch_sizes)}"
+    table.caption = "; ".join([f"{result.format} via {result.exporter}", parity, *result.notes])
     return table

@@ -36,6 +36,7 @@ def write_manifest(
     options: ExportOptions,
     version: int,
     *,
+    released: bool,
     platform: str,
     artifact: str,
     exporter: str,
@@ -53,7 +54,7 @@ def write_manifest(
         inputs=[_entry(s, src) for s, src in zip(inputs, prepared.input_names, strict=True)],
         outputs=[_entry(s, src) for s, src in zip(outputs, prepared.output_names, strict=True)],
         files=sha256_files(version_dir), toolchain=_toolchain(opset), parity=parity.as_dict(),
-        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), notes=list(notes),
+        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), notes=list(notes), released=released,
     )
     (version_dir / MANIFEST_FILE).write_text(manifest.to_json())
 

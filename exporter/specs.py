@@ -132,6 +132,9 @@ class ExportOptions:
     rtol: float | None = None
     opset: int | None = None
     allow_fake_quant: bool = False
+    release: bool | None = None
+    """Whether a gateway starting with no routing state may serve the new version as stable by itself; ``None``:
+    only when it is the model's first version (a later one serves once activated)."""
 
     def __post_init__(self) -> None:
         validate_model_name(self.name)

@@ -54,7 +54,7 @@ class GrpcUser(User):
     def on_start(self) -> None:
         self.options = LoadOptions.of(self.environment)
         self.metadata = self.options.grpc_metadata()
-        self.channel = grpc.insecure_channel(self.options.grpc_target)
+        self.channel = grpc.insecure_channel(self.options.grpc_target.address)
         self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
 
     def on_stop(self) -> None:
@@ -86,8 +86,7 @@ class GrpcUser(User):
             response = call()
         except grpc.RpcError as exc:
             elapsed_ms = (time.perf_counter() - started) * 1e3
-            status = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.Call) else str(exc)
-            fire_request(self.environment, "grpc", name, elapsed_ms, 0, GrpcCallFailed(status))
+            fire_request(self.environment, "grpc", name, elapsed_ms, 0, GrpcCallFailed(self._status(exc)))
             return None
         elapsed_ms = (time.perf_counter() - started) * 1e3
         # The answer is checked after the clock stopped: the check's CPU time is the load generator's, not the call's.
@@ -99,6 +98,20 @@ class GrpcUser(User):
                 failure = WrongAnswer(f"wrong answer: {type(exc).__name__}: {exc}")
         fire_request(self.environment, "grpc", name, elapsed_ms, response.ByteSize(), failure)
         return response if failure is None else None
+
+    def _status(self, exc: grpc.RpcError) -> str:
+        if not isinstance(exc, grpc.Call):
+            return str(exc)
+        status = f"{exc.code().name}: {exc.details()}"
+        if exc.code() != grpc.StatusCode.UNAVAILABLE:
+            return status
+        # The gateway answers UNAVAILABLE too (not ready, overloaded), but a wrong port is the first-hour case: name
+        # the target and how it was found, which the gates' lines repeat.
+        target = self.options.grpc_target
+        return (
+            f"{status} (gRPC target {target.address}, {target.rule}; "
+            "if that is not the gateway's gRPC port, set GRPC_TARGET=HOST:PORT)"
+        )
 
     def _read_spec(self) -> bool:
         model = self.options.model

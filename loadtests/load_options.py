@@ -3,15 +3,19 @@ into a frozen dataclass that the users and the SLO gates read."""
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
+from grpc_target import GrpcTarget, resolve
 from kserve_tensors import parse_dims
 from locust.env import Environment
 
-GRPC_PORT = 8001
+log = logging.getLogger(__name__)
+# Asked of the gateway once per host: at start-up (check_options), then every user and the gates read the answer.
+_grpc_target = functools.cache(resolve)
 
 
 def add_arguments(parser: Any) -> None:
@@ -31,7 +35,8 @@ def add_arguments(parser: Any) -> None:
         "--grpc-target",
         default="",
         env_var="LOCUST_GRPC_TARGET",
-        help=f"the gateway's gRPC HOST:PORT (default: --host's name, port {GRPC_PORT})",
+        help="the gateway's gRPC HOST:PORT (default: --host's name, at the gRPC port GET /v2 advertises, "
+        "else at --host's port + 1)",
     )
     parser.add_argument("--api-key", default="", env_var="LOCUST_API_KEY", is_secret=True, help="sent as X-API-Key")
     parser.add_argument(
@@ -79,7 +84,7 @@ class LoadOptions:
     model: str
     rows: int
     dims: dict[str, tuple[int, ...]]
-    grpc_target: str
+    grpc_target: GrpcTarget
     api_key: str
     think_s: float
     admin_token: str
@@ -102,7 +107,7 @@ class LoadOptions:
             model=options.model,
             rows=options.rows,
             dims=parse_dims(options.shape),
-            grpc_target=options.grpc_target or f"{urlsplit(host).hostname or '127.0.0.1'}:{GRPC_PORT}",
+            grpc_target=_grpc_target(host, options.grpc_target),
             api_key=options.api_key,
             think_s=max(options.think_ms, 0.0) / 1e3,
             admin_token=options.admin_token,
@@ -139,6 +144,7 @@ def check_options(environment: Environment, **_kwargs: Any) -> None:
     if environment.parsed_options is None:  # locust used as a library: nothing of ours to check
         return
     try:
-        LoadOptions.of(environment)
+        options = LoadOptions.of(environment)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
+    log.info("gRPC target %s: %s", options.grpc_target.address, options.grpc_target.rule)

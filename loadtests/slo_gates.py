@@ -1,16 +1,17 @@
 """SLO gates evaluated when locust quits: the error ratio over every request, and the p99 of named stats entries.
 They decide the exit code (1 when a gate fails, else 0, whatever ``--exit-code-on-error`` says), and each gate
-logs its measured figure against the allowed one."""
+logs its measured figure against the allowed one; a failed gate names the first failure that explains it."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from load_options import LoadOptions
 from locust.env import Environment
 from locust.runners import WorkerRunner
-from locust.stats import RequestStats, StatsEntry
+from locust.stats import RequestStats, StatsEntry, StatsError
 
 log = logging.getLogger(__name__)
 ALL = "all"
@@ -18,9 +19,14 @@ ALL = "all"
 
 
 def evaluate(
-    stats: RequestStats, max_error_ratio: float | None, p99_ms: dict[str, float]
+    stats: RequestStats,
+    max_error_ratio: float | None,
+    p99_ms: dict[str, float],
+    calls_before: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[list[str], list[str]]:
-    """(breaches, passes): one line per gate."""
+    """(breaches, passes): one line per gate. ``calls_before`` maps an entry to those its user calls first (and
+    without which it never runs): a gate with no requests names their first failure."""
+    calls_before = calls_before or {}
     breaches: list[str] = []
     passes: list[str] = []
     total = stats.total
@@ -29,12 +35,15 @@ def evaluate(
             f"error ratio {total.fail_ratio:.4g} ({total.num_failures} of {total.num_requests} requests failed), "
             f"allowed {max_error_ratio:g}"
         )
-        (breaches if total.fail_ratio > max_error_ratio else passes).append(line)
+        if total.fail_ratio > max_error_ratio:
+            first = _first_failure(stats.errors.values())
+            breaches.append(line if first is None else f"{line}; the first failure: {_describe(first)}")
+        else:
+            passes.append(line)
     for name, bound in p99_ms.items():
         entry = _entry(stats, name)
         if entry is None or entry.num_requests == 0:
-            known = sorted({n for n, _ in stats.entries})
-            breaches.append(f"p99 of {name!r}: no requests recorded under that name (entries: {', '.join(known)})")
+            breaches.append(f"p99 of {name!r}: no requests recorded — {_why_none(stats, name, calls_before)}")
             continue
         p99 = entry.get_response_time_percentile(0.99)
         line = f"p99 of {name!r} {p99:g} ms over {entry.num_requests} requests, allowed {bound:g} ms"
@@ -42,12 +51,15 @@ def evaluate(
     return breaches, passes
 
 
-def enforce(environment: Environment, **_kwargs: Any) -> None:
-    """Listener of ``quitting``. A worker leaves the verdict to its master, which holds every worker's stats."""
+def enforce(
+    environment: Environment, calls_before: Mapping[str, Sequence[str]] | None = None, **_kwargs: Any
+) -> None:
+    """Listener of ``quitting`` (``calls_before``: see ``evaluate``). A worker leaves the verdict to its master, which
+    holds every worker's stats."""
     if environment.parsed_options is None or isinstance(environment.runner, WorkerRunner):
         return
     options = LoadOptions.of(environment)
-    breaches, passes = evaluate(environment.stats, options.max_error_ratio, options.p99_ms)
+    breaches, passes = evaluate(environment.stats, options.max_error_ratio, options.p99_ms, calls_before)
     runner = environment.runner
     if runner is not None and runner.exceptions:
         # An exception in the users' own code is no request failure, yet the run did not do what it should.
@@ -60,6 +72,26 @@ def enforce(environment: Environment, **_kwargs: Any) -> None:
     for line in breaches:
         log.error("SLO gate failed: %s", line)
     environment.process_exit_code = 1 if breaches else 0
+
+
+def _why_none(stats: RequestStats, name: str, calls_before: Mapping[str, Sequence[str]]) -> str:
+    names = {name, *calls_before.get(name, ())}
+    first = _first_failure(error for error in stats.errors.values() if error.name in names)
+    if first is not None:
+        return f"every call failed: {_describe(first)}"
+    known = sorted({n for n, _ in stats.entries})
+    return f"no entry of that name (entries: {', '.join(known) or 'none'})"
+
+
+def _first_failure(errors: Iterable[StatsError]) -> StatsError | None:
+    """The failure seen first (locust's first_seen; a worker's errors keep theirs through the master)."""
+    return min(errors, key=lambda error: error.first_seen or 0.0, default=None)
+
+
+def _describe(error: StatsError) -> str:
+    # Standalone, locust keeps the exception object; from workers it gets repr() strings.
+    text = error.error if isinstance(error.error, str) else str(error.error)
+    return f"{error.name!r} ({error.method}): {text} ({error.occurrences}x)"
 
 
 def _entry(stats: RequestStats, name: str) -> StatsEntry | None:

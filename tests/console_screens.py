@@ -49,7 +49,7 @@ def _screens(browser: Browser, gateway: GatewayProcess, out: Path) -> list[Path]
         written.append(_shot(console.page.locator("#confirm"), out / "ops-console-activate.png"))
         console.close_dialog()
         admin(gateway.http_url, "PUT", "models/classifier/traffic", {"canary": 1, "weight": 20})
-        admin(gateway.http_url, "PUT", "models/mlp/shadow", {"version": 1, "sample": 0.5})
+        admin(gateway.http_url, "PUT", "models/mlp/shadow", {"version": 1, "percent": 50})
         time.sleep(FIGURES_S)
         expect(console.field("classifier", "canary")).to_have_text("v1 at 20 %")
         console.page.mouse.move(0, 0)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 import numpy as np
@@ -75,6 +75,10 @@ class ConsolePage:
     def open(self) -> None:
         self.page.goto(f"{self.base}/admin/ui")
         expect(self.page.locator("#login-form, #models-view").first).to_be_visible()
+
+    def open_link(self, token: str = TOKEN) -> None:
+        """Open the sign-in link ``switchyard console`` prints: the token in the URL fragment."""
+        self.page.goto(f"{self.base}/admin/ui#token={quote(token, safe='')}")
 
     def sign_in(self, token: str = TOKEN) -> None:
         self.page.get_by_label("Admin token").fill(token)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from services.gateway import Settings
 from services.gateway.backends.triton import ConfigTransform
+from services.gateway.settings import Settings
 from tests.gateway_harness import running_gateway
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -35,9 +35,10 @@ class LocustRun:
 
 
 def run_locust(
-    host: str, grpc_target: str, results: Path, options: list[str], *, seconds: int, users: int, token: str = ""
+    host: str, grpc_target: str | None, results: Path, options: list[str], *, seconds: int, users: int, token: str = ""
 ) -> LocustRun:
-    """``options`` come after the common ones (host, users, run time, CSV and HTML reports under ``results``)."""
+    """``options`` come after the common ones (host, users, run time, CSV and HTML reports under ``results``);
+    ``grpc_target`` None leaves locust to find the gateway's gRPC port itself."""
     slow_work("runs locust")
     locust = Path(sys.executable).with_name("locust")
     command = [
@@ -54,8 +55,7 @@ def run_locust(
         f"{seconds}s",
         "--host",
         f"http://{host}",
-        "--grpc-target",
-        grpc_target,
+        *([] if grpc_target is None else ["--grpc-target", grpc_target]),
         "--csv",
         str(results / "run"),
         "--html",

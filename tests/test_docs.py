@@ -140,3 +140,15 @@ def test_error_texts_wording_matches_the_text_each_test_expects() -> None:
 
     differing = [case.case for case in CASES if not pattern(case.wording).match(case.text)]
     assert not differing, f"the wording in the table does not cover the tested text of: {differing}"
+
+
+def test_settings_page_is_what_switchyard_settings_prints_when_asked_for_markdown() -> None:
+    from typer.testing import CliRunner  # here only, as above: the command tree imports typer and httpx
+
+    from services.cli import app
+
+    printed = CliRunner().invoke(app, ["settings", "--markdown"])
+    assert printed.exit_code == 0, printed.output
+    assert (ROOT / "docs" / "settings.md").read_text(encoding="utf-8") == printed.output, (
+        "docs/settings.md is stale: run `switchyard settings --markdown > docs/settings.md`"
+    )

@@ -16,7 +16,7 @@ import httpx
 from typer.testing import CliRunner, Result
 
 from services.cli import app
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from services.gateway.tuning.hosts import TRIAL_PREFIX
 from tests.gateway_harness import RunningGateway, running_gateway
 

@@ -1,19 +1,4 @@
-"""The Switchyard gateway: KServe v2 REST + gRPC in front of an embedded or Triton backend."""
+"""The Switchyard gateway: KServe v2 REST + gRPC in front of an embedded or Triton backend.
 
-from services.gateway.app import create_app
-from services.gateway.backends.base import Backend
-from services.gateway.backends.embedded import EmbeddedBackend
-from services.gateway.dataplane import DataPlane
-from services.gateway.errors import GatewayError
-from services.gateway.metrics import GatewayMetrics
-from services.gateway.settings import Settings
-
-__all__ = [
-    "Backend",
-    "DataPlane",
-    "EmbeddedBackend",
-    "GatewayError",
-    "GatewayMetrics",
-    "Settings",
-    "create_app",
-]
+Nothing is imported here: ``switchyard`` commands load ``services.gateway.cli`` on every start, and the application
+(``services.gateway.app.create_app``, ``services.gateway.settings.Settings``) is imported only by what serves."""

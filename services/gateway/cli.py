@@ -6,15 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
-
-from services.gateway.app import BackendNotImplemented
-from services.gateway.backends.triton import ConfigTransform
-from services.gateway.repository import RepositoryError
-from services.gateway.settings import Settings
-from services.gateway.shaping.keys import ApiKeysError
-from services.gateway.shaping.limits import LimitsError
-from services.gateway.state import StateError
 
 
 def register(app: typer.Typer) -> None:
@@ -49,9 +40,21 @@ def serve(
 ) -> None:
     """Serve the repository's models over KServe v2 HTTP and gRPC.
 
-    Other settings (threads, body limit, batching) come from SWITCHYARD_* variables, see Settings.
+    The other settings (threads, limits, batching, Triton, state) come from SWITCHYARD_* environment variables:
+    `switchyard settings` lists them all with their defaults, as does docs/settings.md.
     """
+    # Imported here, not at the top: every `switchyard` command loads this module, and the server's imports (the
+    # whole application) would cost each of them about a second.
+    from pydantic import ValidationError
+
+    from services.gateway.app import BackendNotImplemented
+    from services.gateway.backends.triton import ConfigTransform
+    from services.gateway.repository import RepositoryError
     from services.gateway.server import serve as run_server
+    from services.gateway.settings import Settings
+    from services.gateway.shaping.keys import ApiKeysError
+    from services.gateway.shaping.limits import LimitsError
+    from services.gateway.state import StateError
 
     if backend not in ("embedded", "triton"):
         raise typer.BadParameter("choose embedded or triton", param_hint="--backend")

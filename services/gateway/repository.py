@@ -14,6 +14,7 @@ from services.gateway.tensors.datatypes import from_config
 from services.gateway.tensors.types import ModelMetadata, TensorSpec
 from services.modelrepo import layout
 from services.modelrepo.config import ConfigError, read_config, select_versions
+from services.modelrepo.manifest import is_released
 
 
 class RepositoryError(Exception):
@@ -29,6 +30,9 @@ class ModelEntry:
     """Every version folder on disk (integer name, holding the model file the config names), ascending."""
     problem: str | None = None
     """Why the model cannot be served at all (an unreadable config); ``None`` when it can be tried."""
+    released: tuple[int, ...] = ()
+    """The versions of ``available`` a gateway without routing state may make stable by itself
+    (``services.modelrepo.manifest.is_released``), ascending."""
 
     @property
     def selected(self) -> tuple[int, ...]:
@@ -72,7 +76,9 @@ def read_entry(model_dir: Path) -> ModelEntry:
         config = read_config(model_dir)
     except ConfigError as exc:
         return ModelEntry(model_dir.name, model_dir, model_config_pb2.ModelConfig(name=model_dir.name), (), str(exc))
-    return ModelEntry(model_dir.name, model_dir, config, layout.versions(model_dir, config))
+    available = layout.versions(model_dir, config)
+    released = tuple(v for v in available if is_released(model_dir / str(v)))
+    return ModelEntry(model_dir.name, model_dir, config, available, released=released)
 
 
 def scan(repository: Path) -> dict[str, ModelEntry]:
@@ -130,7 +136,7 @@ class Catalog:
         missing = tuple(sorted(set(known) - set(fresh)))
         merged = dict(fresh)
         for name in missing:
-            merged[name] = replace(known[name], available=())
+            merged[name] = replace(known[name], available=(), released=())
         self._entries = merged
         return ScanResult(new_models, new_versions, missing)
 
@@ -138,7 +144,7 @@ class Catalog:
         """Re-read ``model``'s config and versions (a version exported after startup, a re-exported config) and
         return its entry; ``ModelNotFound`` if ``version`` is not on disk."""
         entry = self.entry(model)
-        fresh = read_entry(entry.path) if entry.path.is_dir() else replace(entry, available=())
+        fresh = read_entry(entry.path) if entry.path.is_dir() else replace(entry, available=(), released=())
         self._entries = {**self._entries, model: fresh}
         if version not in fresh.available:
             raise unknown_version(model, version, f"the repository has no version {version} of it")

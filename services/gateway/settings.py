@@ -10,7 +10,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SWITCHYARD_", frozen=True)
+    # The docstring under each field is its description: `switchyard settings` and docs/settings.md list them.
+    model_config = SettingsConfigDict(env_prefix="SWITCHYARD_", frozen=True, use_attribute_docstrings=True)
 
     repository: Path = Path("model_repository")
     """Model repository to serve: any Triton model repository (the exporter's manifests are optional)."""
@@ -114,7 +115,7 @@ class Settings(BaseSettings):
     rate_limit_burst: int = 0
     """Requests a key may send at once above its rate (the bucket's size); 0: one second's worth."""
     limits_file: Path | None = None
-    """TOML file of per-tenant and per-model rate-limit overrides (see README "Request shaping")."""
+    """TOML file of per-tenant and per-model rate-limit overrides (docs/request-shaping.md)."""
     max_concurrency: int = 64
     """Requests one model executes at once (all versions together); more wait in its queue. 0: no cap."""
     max_queue: int = 256

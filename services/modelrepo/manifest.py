@@ -59,6 +59,9 @@ class Manifest:
     created_at: str = ""
     format_version: int = FORMAT_VERSION
     notes: list[str] = field(default_factory=list)
+    released: bool = True
+    """Whether a gateway with no routing state for the model may make this version stable by itself (see
+    ``is_released``). The exporter sets it from ``release=`` / ``--release``; manifests without it are released."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -79,6 +82,18 @@ def read_manifest(version_dir: Path) -> Manifest:
         return Manifest.from_dict(data)
     except (KeyError, TypeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path} is not a valid Switchyard manifest: {exc}") from exc
+
+
+def is_released(version_dir: Path) -> bool:
+    """Whether the version may become a model's stable version without anyone activating it, when a gateway starts
+    with no routing state for the model. Only an exporter's explicit ``"released": false`` says no: a folder without
+    a manifest was put there by hand (as for Triton, it serves), and a manifest from before the flag, or one that
+    cannot be read (the loader reports that), counts as released. Blocking: call off the loop."""
+    try:
+        data = json.loads((version_dir / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return True
+    return not (isinstance(data, dict) and data.get("released") is False)
 
 
 def read_samples(version_dir: Path, relative: str) -> dict[str, npt.NDArray[Any]]:

@@ -88,7 +88,16 @@ def reporting(target: Target) -> Iterator[None]:
         _fail(target, f"{exc} ({hint})", EXIT_ACCESS)
     except AdminError as exc:
         step = f" [step: {exc.step}]" if exc.step and f"'{exc.step}'" not in exc.message else ""
-        _fail(target, exc.message + step, EXIT_ACCESS if exc.refused else EXIT_API)
+        _fail(target, exc.message + step + _token_hint(target, exc), EXIT_ACCESS if exc.refused else EXIT_API)
+
+
+def _token_hint(target: Target, exc: AdminError) -> str:
+    """How to give this command the token, when the gateway refused for the want of one or for a wrong one."""
+    if exc.status == 401 and not target.token:
+        return "; give it with --token or the SWITCHYARD_ADMIN_TOKEN environment variable"
+    if exc.status == 403 and target.token and "not valid" in exc.message:
+        return "; --token or SWITCHYARD_ADMIN_TOKEN must hold the gateway's SWITCHYARD_ADMIN_TOKEN"
+    return ""
 
 
 def _fail(target: Target, message: str, code: int) -> NoReturn:

@@ -135,10 +135,10 @@ class AdminClient:
             body |= {"rollback": rollback} if rollback else {}
         return self._call("PUT", f"{_model_path(model)}/traffic", body=body)
 
-    def shadow(self, model: str, version: int | None, sample: float | None = None) -> JSONObject:
+    def shadow(self, model: str, version: int | None, percent: float | None = None) -> JSONObject:
         body: JSONObject = {"version": version}
         if version is not None:
-            body |= _given(sample=sample)
+            body |= _given(percent=percent)
         return self._call("PUT", f"{_model_path(model)}/shadow", body=body)
 
     def scan(self) -> JSONObject:

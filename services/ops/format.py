@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, TypeVar
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.table import Table
 from rich.text import Text
 
 from services.ops.client import JSONObject
@@ -13,11 +14,26 @@ from services.ops.client import JSONObject
 MARKERS = {"to_flip": "flip", "to_drained": "drained"}
 """Entries of a report's ``steps`` that are times since the action started, not step durations."""
 
+Shown = TypeVar("Shown")
+
 
 def stdout() -> Console:
     console = Console(highlight=False)
     # Piped output is read by grep and logs: do not fold table cells at 80 columns.
     return console if console.is_terminal else Console(highlight=False, width=max(console.width, 160))
+
+
+def whole(view: Shown) -> Shown:
+    """``view`` (a table, or a group of them) with every column folding a word too long for it onto the next line:
+    at 80 columns rich would cut it with "…", and a cut version list, error or figure misleads. Call it on the
+    finished view: a grid makes its columns as its first row comes in."""
+    if isinstance(view, Table):
+        for column in view.columns:
+            column.overflow = "fold"
+    elif isinstance(view, Group):
+        for part in view.renderables:
+            whole(part)
+    return view
 
 
 def running(progress: JSONObject | None) -> str:

@@ -38,7 +38,7 @@ class LiveSteps:
             grid.add_row(Text("…", style="yellow"), Text(step, style="bold"), Text(elapsed))
         version = progress.get("version")  # none when a traffic policy is cleared
         title = f"{progress.get('action')} {self.model}" + ("" if version is None else f" version {version}")
-        return Group(Text(title, style="bold"), grid)
+        return fmt.whole(Group(Text(title, style="bold"), grid))
 
 
 def models_table(data: JSONObject) -> RenderableType:
@@ -61,7 +61,7 @@ def models_table(data: JSONObject) -> RenderableType:
             note,
             *([Text(traffic)] if any(split) else []),
         )
-    return table
+    return fmt.whole(table)
 
 
 def status_view(data: JSONObject) -> RenderableType:
@@ -103,7 +103,7 @@ def status_view(data: JSONObject) -> RenderableType:
     after.add_row("last action", fmt.report_line(last, last and traffic_views.report_head(last)))
     if last and last.get("steps"):
         after.add_row("", fmt.steps_text(last["steps"]))
-    return Group(head, facts, *([window] if window is not None else []), loaded, after)
+    return fmt.whole(Group(head, facts, *([window] if window is not None else []), loaded, after))
 
 
 def _problem_or_note(row: JSONObject) -> Text:
@@ -130,7 +130,7 @@ def events_table(data: JSONObject) -> RenderableType:
             Text(fmt.steps_text(event.get("steps"))),
             Text(str(event.get("actor") or "")),
         )
-    return table
+    return fmt.whole(table)
 
 
 def scan_view(data: JSONObject) -> RenderableType:
@@ -147,7 +147,7 @@ def scan_view(data: JSONObject) -> RenderableType:
         lines.add_row("missing model", Text(name), Text("gone from the repository; its loaded versions keep serving"))
     if not lines.rows:
         return Text("the repository has not changed since the last scan")
-    return lines
+    return fmt.whole(lines)
 
 
 def report_view(report: JSONObject) -> RenderableType:
@@ -198,4 +198,4 @@ def report_view(report: JSONObject) -> RenderableType:
     if report.get("error"):
         facts.add_row("warning", Text(str(report["error"]), style="yellow"))
     head = Text.assemble((title, "bold"), f": {what}: ", fmt.result_text(result))
-    return Group(head, facts)
+    return fmt.whole(Group(head, facts))

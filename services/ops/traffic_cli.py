@@ -24,8 +24,9 @@ _HELP = {
     "--window": "Seconds of traffic the bounds judge (default: the gateway's).",
     "--min-requests": "Requests each side needs in the window before a bound is judged (default: the gateway's).",
     "--promote-after": "Seconds without a broken bound after which the canary is activated as the stable version.",
-    "--version": "The version that also runs a sample of requests.",
-    "--sample": "Fraction (0.0-1.0) of unversioned requests to run on it; 0 clears.",
+    "--version": "The version that also runs a share of requests.",
+    "--percent": "Percent (0-100) of unversioned requests to also run on it, as --weight is for a canary; 0 stops.",
+    "--sample": "Deprecated: the same share as a fraction (0.0-1.0); give --percent.",
 }
 
 
@@ -95,17 +96,24 @@ def shadow(
     call: AdminCall,
     model: Model,
     version: Annotated[int | None, _given("--version")] = None,
-    sample: Annotated[float | None, _given("--sample")] = None,
+    percent: Annotated[float | None, _given("--percent")] = None,
+    sample: Annotated[float | None, typer.Option("--sample", help=_HELP["--sample"], hidden=True)] = None,
     clear: Clear = False,
 ) -> None:
-    """Also run a --sample of unversioned requests on --version (loaded and warmed up first), or --clear it.
+    """Also run --percent of unversioned requests on --version (loaded and warmed up first), or --clear it.
 
     Its answers are compared with the stable version's and never sent; shadow work never delays a client."""
+    if sample is not None:
+        if percent is not None:
+            raise typer.BadParameter("give --percent alone (--sample is its deprecated fraction)",
+                                     param_hint="--sample")
+        typer.echo(f"note: --sample is deprecated; --sample {sample:g} is --percent {sample * 100:g}", err=True)
+        percent = sample * 100
     if clear:
-        _alone({"--version": version, "--sample": sample})
-    elif version is None or sample is None:
-        raise typer.BadParameter("give both --version and --sample (or --clear)", param_hint="--version / --sample")
-    call.act(model, lambda client: client.shadow(model, None if clear else version, _plain(sample)))
+        _alone({"--version": version, "--percent": percent})
+    elif version is None or percent is None:
+        raise typer.BadParameter("give both --version and --percent (or --clear)", param_hint="--version / --percent")
+    call.act(model, lambda client: client.shadow(model, None if clear else version, _plain(percent)))
 
 
 def _plain(value: float | None) -> float | None:

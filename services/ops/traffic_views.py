@@ -24,7 +24,7 @@ def compact(canary: JSONObject | None, shadow: JSONObject | None) -> str:
         else:
             parts.append(f"canary {fmt.v(canary.get('version'))} @ {_weight(canary.get('weight'))}")
     if shadow:
-        parts.append(f"shadow {fmt.v(shadow.get('version'))} @ {fmt.percent(shadow.get('sample') or 0)}")
+        parts.append(f"shadow {fmt.v(shadow.get('version'))} @ {_shadow_share(shadow)}")
     return ", ".join(parts)
 
 
@@ -66,7 +66,7 @@ def policy_rows(
         if shadow:
             grid.add_row(
                 "shadow",
-                f"version {fmt.v(shadow.get('version'))} on {fmt.percent(shadow.get('sample') or 0)} of unversioned "
+                f"version {fmt.v(shadow.get('version'))} on {_shadow_share(shadow)} of unversioned "
                 "requests (its answers are compared, never sent)",
             )
         else:
@@ -91,7 +91,7 @@ def window_table(canary: JSONObject | None, stable: Any) -> Table | None:
             fmt.percent(figures.get("error_rate") or 0),
             "–" if p99 is None else f"{float(p99):.1f}",
         )
-    return table
+    return fmt.whole(table)
 
 
 def _canary_rows(grid: Table, canary: JSONObject | None) -> None:
@@ -145,3 +145,10 @@ def _at(since: Any, after_s: Any) -> str:
     except ValueError:
         return ""
     return f" (at {fmt.when((start + dt.timedelta(seconds=float(after_s))).isoformat())})"
+
+
+def _shadow_share(shadow: dict[str, Any]) -> str:
+    """The shadow's share in percent; a gateway from before ``percent`` gives only the ``sample`` fraction."""
+    if shadow.get("percent") is not None:
+        return f"{float(shadow['percent']):.3g}%"
+    return fmt.percent(shadow.get("sample") or 0)

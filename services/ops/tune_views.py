@@ -7,6 +7,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from services.ops import format as fmt
+
 JSONObject = dict[str, Any]
 
 
@@ -38,7 +40,7 @@ def trials_table(run: JSONObject) -> Table:
                 f"{m['cpu_ms_per_request']:.3f}",
                 note.strip(),
             )
-    return table
+    return fmt.whole(table)
 
 
 def summary_lines(run: JSONObject) -> list[str]:

@@ -75,7 +75,9 @@ def triton_command(
             f"  serving  {escape(str(server.derived_root))} (from {escape(str(server.source))})\n"
             f"  models   {escape(', '.join(sorted(server.repository.models))) or 'none'}"
             f" ({'loaded: ' + ', '.join(load) if load else 'none loaded; load them over gRPC'})\n"
-            "Ctrl-C stops it."
+            + ("" if log_file else "  (Triton's error line 'CudaDriverHelper has not been initialized.' says it found "
+                                   "no GPU: harmless, models run on the CPU)\n")
+            + "Ctrl-C stops it."
         )
         while not stop.wait(0.5):
             if not server.running:

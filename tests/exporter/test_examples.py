@@ -40,7 +40,7 @@ def readme_exports() -> list[tuple[str, str]]:
     for language, body in FENCED.findall((ROOT / "README.md").read_text()):
         if language == "bash":
             found += [("bash", line) for line in body.replace("\\\n", " ").splitlines()
-                      if " export " in line and line.lstrip().startswith(".venv/bin/switchyard")]
+                      if " export " in line and re.match(r"\s*(\.venv/bin/)?switchyard ", line)]
         elif language == "python" and "from exporter import export" in body:
             found.append(("python", body))
     return found

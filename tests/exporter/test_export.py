@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from examples.models import build_classifier, build_mlp, build_mlp_v2, classifier_inputs, mlp_inputs
 from exporter import ExportError, InvalidSpecError, RepositoryError, export
-from services.modelrepo.manifest import read_manifest, read_samples
+from services.modelrepo.manifest import is_released, read_manifest, read_samples
 from tests.exporter.helpers import listing
 
 
@@ -112,10 +112,14 @@ def test_export_writes_torchscript_with_triton_names_when_format_is_torchscript(
 def test_export_numbers_versions_when_exported_repeatedly(repo: Path) -> None:
     first = export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"])
     second = export(build_mlp_v2(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"])
-    fifth = export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"], version=5)
+    fifth = export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"], version=5,
+                   release=True)
     sixth = export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"])
 
     assert (first.version, second.version, fifth.version, sixth.version) == (1, 2, 5, 6)
+    # Only a model's first version is released unless asked: a later one serves once activated.
+    assert (first.released, second.released, fifth.released, sixth.released) == (True, False, True, False)
+    assert [is_released(r.model_dir) for r in (first, second, fifth, sixth)] == [True, False, True, False]
     v1 = ort.InferenceSession(str(first.model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
     v2 = ort.InferenceSession(str(second.model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
     x = {"features": mlp_inputs(2, seed=5).numpy()}

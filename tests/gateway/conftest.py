@@ -12,7 +12,8 @@ from asgi_lifespan import LifespanManager
 from prometheus_client import CollectorRegistry
 from scripted_backend import ScriptedBackend, double_repository
 
-from services.gateway import Settings, create_app
+from services.gateway.app import create_app
+from services.gateway.settings import Settings
 
 
 @pytest.fixture

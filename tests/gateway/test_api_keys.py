@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from services.gateway import Settings
 from services.gateway.errors import Unauthorized
+from services.gateway.settings import Settings
 from services.gateway.shaping.keys import ANONYMOUS, MISSING, UNKNOWN, ApiKeys, ApiKeysError, build_api_keys
 
 SECRET = "sk-live-0123456789abcdef"

@@ -13,8 +13,9 @@ from prometheus_client import CollectorRegistry
 from scripted_backend import ScriptedBackend
 from tritonclient.grpc import service_pb2
 
-from services.gateway import Settings, create_app
+from services.gateway.app import create_app
 from services.gateway.grpc_api.servicer import InferenceServicer
+from services.gateway.settings import Settings
 from tests.waiting import wait_until_async
 
 

@@ -47,7 +47,7 @@ async def test_admin_query_answers_400_naming_the_parameter_when_number_is_hosti
         ("POST", "/admin/models/double/versions/2/unload", '{"drain_timeout_s": %s}'),
         ("PUT", "/admin/models/double/traffic", '{"canary": 2, "weight": %s}'),
         ("PUT", "/admin/models/double/traffic", '{"canary": 2, "weight": 5, "rollback": {"window_s": %s}}'),
-        ("PUT", "/admin/models/double/shadow", '{"version": 2, "sample": %s}'),
+        ("PUT", "/admin/models/double/shadow", '{"version": 2, "percent": %s}'),
         ("POST", "/admin/models/double/tune", '{"p99_ms": %s}'),
         ("POST", "/v2/repository/index", '{"ready": %s}'),
         ("POST", "/v2/repository/models/double/unload", '{"parameters": {"unload_dependents": %s}}'),

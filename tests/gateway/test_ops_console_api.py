@@ -15,10 +15,11 @@ from asgi_lifespan import LifespanManager
 from prometheus_client import CollectorRegistry
 from scripted_backend import ScriptedBackend
 
-from services.gateway import Settings, create_app
 from services.gateway.admin.console import ASSETS, UI
 from services.gateway.admin.live import LiveFigures, quantile
+from services.gateway.app import create_app
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.settings import Settings
 
 TOKEN = "s3cret-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway import Settings
 from services.gateway.errors import RateLimited
+from services.gateway.settings import Settings
 from services.gateway.shaping.limits import Limit, LimitsError, LimitTable
 from services.gateway.shaping.ratelimit import LocalRateLimiter
 from services.gateway.shaping.redis_buckets import RedisRateLimiter

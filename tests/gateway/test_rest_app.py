@@ -10,8 +10,9 @@ from asgi_lifespan import LifespanManager
 from prometheus_client import CollectorRegistry
 from scripted_backend import ScriptedBackend
 
-from services.gateway import Settings, create_app
+from services.gateway.app import create_app
 from services.gateway.errors import InferenceFailed, Overloaded
+from services.gateway.settings import Settings
 from services.gateway.tensors.types import VersionState
 
 X = {"name": "x", "shape": [2, 4], "datatype": "FP32", "data": [1, 2, 3, 4, 5, 6, 7, 8]}
@@ -134,10 +135,11 @@ async def test_infer_answers_413_when_body_exceeds_limit(
 async def test_server_endpoints_answer_when_backend_live(client: httpx.AsyncClient) -> None:
     assert (await client.get("/v2/health/live")).status_code == 200
     assert (await client.get("/v2/health/ready")).status_code == 200
-    extensions = (await client.get("/v2")).json()["extensions"]
-    assert extensions == [
+    server = (await client.get("/v2")).json()
+    assert server["extensions"] == [
         "binary_tensor_data", "classification", "model_configuration", "model_repository", "statistics"
     ]
+    assert "grpc_port" not in server  # gRPC is off here: nothing to advertise
     config = (await client.get("/v2/models/double/versions/1/config")).json()
     assert (config["name"], config["max_batch_size"]) == ("double", 8)
     metadata = (await client.get("/v2/models/double/versions/1")).json()

@@ -27,6 +27,7 @@ def test_serve_lists_its_options_when_asked_for_help() -> None:
     assert result.exit_code == 0
     for option in ("--repository", "--backend", "--triton-url", "--host", "--port", "--grpc-port"):
         assert option in result.output
+    assert "`switchyard settings` lists them all" in " ".join(result.output.split())
 
 
 def test_serve_exits_with_one_line_per_problem_when_settings_invalid(

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 from scripted_backend import ScriptedBackend
 
-from services.gateway import Settings, create_app
+from services.gateway.app import create_app
+from services.gateway.settings import Settings
 from tests.waiting import wait_until_async
 
 X = {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}

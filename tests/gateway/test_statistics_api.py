@@ -9,10 +9,11 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 from scripted_backend import ScriptedBackend
 
-from services.gateway import Settings, create_app
+from services.gateway.app import create_app
 from services.gateway.batching.batcher import ExecutedBatch
 from services.gateway.errors import InferenceFailed
 from services.gateway.rest.messages import message_json
+from services.gateway.settings import Settings
 from services.gateway.statistics import Hops, VersionStatistics
 from services.gateway.tensors.types import VersionState
 

@@ -12,7 +12,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 from scripted_backend import ScriptedBackend
 
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from tests.waiting import wait_until_async
 
 ADMIN = {"Authorization": "Bearer s3cret-admin-token"}
@@ -102,7 +102,7 @@ async def test_shadow_answers_are_compared_and_never_served_when_sampled(
     client: httpx.AsyncClient, backend: ScriptedBackend, registry: CollectorRegistry
 ) -> None:
     backend.factor[2] = 1.5
-    response = await client.put("/admin/models/double/shadow", headers=ADMIN, json={"version": 2, "sample": 1.0})
+    response = await client.put("/admin/models/double/shadow", headers=ADMIN, json={"version": 2, "percent": 100})
     assert response.status_code == 200, response.text
     answers = [await client.post("/v2/models/double/infer", json=body()) for _ in range(30)]
     assert {a.headers["x-model-version"] for a in answers} == {"1"}
@@ -114,6 +114,24 @@ async def test_shadow_answers_are_compared_and_never_served_when_sampled(
     assert sum(1 for call in backend.calls if call[0] == 2) >= 30
     cleared = await client.put("/admin/models/double/shadow", headers=ADMIN, json={"version": None})
     assert cleared.json()["routing"]["shadow"] is None
+
+
+async def test_shadow_share_is_a_percent_and_the_old_fraction_is_taken_with_a_deprecation_note(
+    client: httpx.AsyncClient,
+) -> None:
+    given = await client.put("/admin/models/double/shadow", headers=ADMIN, json={"version": 2, "percent": 10})
+    assert (given.json()["routing"]["shadow"]["percent"], "deprecated" in given.json()) == (10.0, False)
+    old = await client.put("/admin/models/double/shadow", headers=ADMIN, json={"version": 2, "sample": 0.2})
+    assert old.status_code == 200, old.text
+    assert old.json()["routing"]["shadow"]["percent"] == 20.0
+    assert old.json()["deprecated"].startswith("'sample' (a fraction, 0-1) is deprecated: give 'percent' (0-100)")
+    status = (await client.get("/admin/models/double", headers=ADMIN)).json()
+    assert status["traffic"]["shadow"]["percent"] == 20.0
+    both = await client.put("/admin/models/double/shadow", headers=ADMIN,
+                            json={"version": 2, "percent": 10, "sample": 0.1})
+    assert (both.status_code, both.json()["error"]) == (
+        400, "give 'percent' (0-100), not both 'percent' and the deprecated 'sample'")
+    await client.put("/admin/models/double/shadow", headers=ADMIN, json={"version": None})
 
 
 async def test_policies_are_refused_with_400_when_malformed(client: httpx.AsyncClient) -> None:
@@ -134,7 +152,7 @@ async def test_policies_are_refused_with_400_when_malformed(client: httpx.AsyncC
 
 async def test_policies_survive_a_restart_when_persisted(client: httpx.AsyncClient, settings: Settings) -> None:
     await traffic(client, {"canary": 2, "weight": 25, "sticky_header": "X-User"})
-    await client.put("/admin/models/double/shadow", headers=ADMIN, json={"version": 2, "sample": 0.5})
+    await client.put("/admin/models/double/shadow", headers=ADMIN, json={"version": 2, "percent": 50})
     persisted = json.loads(settings.state_path.read_text())["models"]["double"]  # type: ignore[union-attr]
     assert (persisted["canary"]["weight"], persisted["canary"]["sticky_header"]) == (25.0, "x-user")
     assert persisted["shadow"] == {"version": 2, "sample": 0.5}

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.gateway import Settings
 from services.gateway.backends.triton.channels import channel_options
+from services.gateway.settings import Settings
 
 TRITON_MIN_PING_INTERVAL_MS = 300_000
 

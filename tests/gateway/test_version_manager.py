@@ -14,7 +14,8 @@ from asgi_lifespan import LifespanManager
 from prometheus_client import CollectorRegistry
 from scripted_backend import ScriptedBackend
 
-from services.gateway import Settings, create_app
+from services.gateway.app import create_app
+from services.gateway.settings import Settings
 from services.gateway.tensors.types import VersionState
 from tests.waiting import eventually_async, wait_until_async
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from tests.gateway_harness import Reference, RunningGateway, onnx_reference, running_gateway
 
 

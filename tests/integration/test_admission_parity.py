@@ -17,8 +17,8 @@ import pytest
 from pydantic import SecretStr
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from services.gateway import Settings
 from services.gateway.grpc_api.servicer import STATUS_CODES
+from services.gateway.settings import Settings
 from tests.gateway_harness import RunningGateway, running_gateway
 from tests.shaping_models import faulty_repository
 

@@ -19,7 +19,7 @@ import tritonclient.http.aio as httpaio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from tests.gateway_harness import RunningGateway, running_gateway
 from tests.string_models import NOT_UTF8, TEXT, VOCABULARY, serialized, string_repository, strings
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from tests.bytes_warmup_models import (
     ABSENT,
     DECIMALS,

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from services.gateway import Settings
 from services.gateway.rest import connections
+from services.gateway.settings import Settings
 from tests.foreign_repository import addsub_repository_at
 from tests.gateway_harness import RunningGateway, running_gateway
 

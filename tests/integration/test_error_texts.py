@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from tests.error_text_cases import (  # noqa: F401  (a fixture and tests pytest collects from here)
     source,
     test_answer_starts_with_tritons_text_and_status_when_the_request_is_wrong,

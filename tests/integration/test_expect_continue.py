@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from pydantic import SecretStr
 
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from tests.gateway_harness import RunningGateway, running_gateway
 from tests.shaping_models import faulty_repository
 

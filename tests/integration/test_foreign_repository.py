@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from tests.foreign_repository import check_engine_unavailable, check_every_model_serves, make_foreign_repository
 from tests.gateway_harness import running_gateway
 

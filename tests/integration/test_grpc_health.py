@@ -14,7 +14,7 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from services.tritonlocal import free_port
 from tests.gateway_harness import RunningGateway, running_gateway
 

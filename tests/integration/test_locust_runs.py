@@ -1,6 +1,6 @@
-"""``loadtests/locustfile.py`` run headless by the locust CLI against a gateway in its own process: HTTP (JSON and
-binary), gRPC and the ops user switching versions under load, every answer checked, and the SLO gates deciding the
-exit code."""
+"""``loadtests/locustfile.py`` run headless by the locust CLI against a gateway in its own process, on free ports
+(its gRPC port is not the HTTP port + 1): HTTP (JSON and binary), gRPC and the ops user switching versions under
+load, every answer checked, and the SLO gates deciding the exit code and naming why a gate failed."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.tritonlocal import free_port
 from tests.gateway_process import GatewayProcess, gateway_process
 from tests.locust_runs import run_locust
 
@@ -51,7 +52,7 @@ def test_locust_run_passes_its_gates_when_the_ops_user_switches_versions_under_l
 
     run = run_locust(
         gateway.http_url,
-        gateway.grpc_url,
+        None,  # locust asks the gateway for its gRPC port
         tmp_path,
         [
             "--model=mlp",
@@ -68,6 +69,7 @@ def test_locust_run_passes_its_gates_when_the_ops_user_switches_versions_under_l
     )
 
     assert run.returncode == 0, run.output[-4000:]
+    assert f"gRPC target {gateway.grpc_url}: the port the gateway advertises (grpc_port in GET" in run.output
     assert "SLO gate passed: error ratio 0 " in run.output
     assert "SLO gate failed" not in run.output
     for key in [("POST", "infer-json"), ("POST", "infer-binary"), ("grpc", "grpc-infer")]:
@@ -89,20 +91,31 @@ def test_locust_run_passes_its_gates_when_the_ops_user_switches_versions_under_l
 
 
 @pytest.mark.slow
-def test_locust_run_exits_nonzero_naming_the_gate_when_the_p99_bound_is_impossible(
+def test_locust_run_exits_nonzero_naming_each_gate_and_its_cause_when_the_bounds_cannot_hold(
     gateway: GatewayProcess, tmp_path: Path
 ) -> None:
+    # An impossible p99 for HTTP, and gRPC sent to a port where nothing listens: its gate gets no requests.
+    closed = f"127.0.0.1:{free_port()}"
     run = run_locust(
         gateway.http_url,
-        gateway.grpc_url,
+        closed,
         tmp_path,
-        ["--model=mlp", "--ops-interval=0", "--slo-error-ratio=0", "--slo-p99-ms=infer-json=0.001"],
-        seconds=5,
-        users=2,
+        ["--model=mlp", "--ops-interval=0", "--slo-error-ratio=0", "--slo-p99-ms=infer-json=0.001,grpc-infer=1000"],
+        seconds=4,
+        users=3,  # the idle ops user, one HTTP user, one gRPC user
     )
 
     assert run.returncode == 1, run.output[-4000:]
+    assert f"gRPC target {closed}: given by --grpc-target" in run.output
     assert "SLO gate failed: p99 of 'infer-json'" in run.output
     assert "allowed 0.001 ms" in run.output
-    assert "SLO gate passed: error ratio 0 " in run.output  # the answers themselves were right
-    assert run.stats[("POST", "infer-json")].failures == 0
+    assert run.stats[("POST", "infer-json")].failures == 0  # the HTTP answers themselves were right
+    cause = "'grpc-metadata' (grpc): UNAVAILABLE: "
+    gate = next(line for line in run.output.splitlines() if "SLO gate failed: p99 of 'grpc-infer'" in line)
+    assert "no requests recorded — every call failed: " + cause in gate, gate
+    assert f"(gRPC target {closed}, given by --grpc-target (GRPC_TARGET); " in gate
+    assert "set GRPC_TARGET=HOST:PORT)" in gate
+    assert "refused" in gate.lower()
+    ratio = next(line for line in run.output.splitlines() if "SLO gate failed: error ratio" in line)
+    assert "the first failure: " + cause in ratio, ratio
+    assert ("grpc", "grpc-infer") not in run.stats

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from tests.cli_support import FEATURES, TOKEN, models, one_error_line, squeezed
 from tests.gateway_harness import RunningGateway, running_gateway
 
@@ -208,11 +208,15 @@ def test_models_commands_exit_2_with_the_server_message_when_the_token_is_wrong_
     wrong_token = "not-" + TOKEN[4:]
     wrong = models(shared, "list", token=wrong_token)
     assert wrong.exit_code == 2
-    assert one_error_line(wrong) == "error: the admin token is not valid"
+    assert one_error_line(wrong) == ("error: the admin token is not valid; --token or SWITCHYARD_ADMIN_TOKEN must "
+                                     "hold the gateway's SWITCHYARD_ADMIN_TOKEN")
     assert wrong_token not in wrong.output
-    missing = models(shared, "activate", "mlp", "1", token=None)
-    assert missing.exit_code == 2
-    assert "needs 'Authorization: Bearer <token>'" in one_error_line(missing)
+    for command in (["activate", "mlp", "1"], ["list"]):
+        missing = models(shared, *command, token=None)
+        assert missing.exit_code == 2
+        assert one_error_line(missing).endswith(
+            "needs 'Authorization: Bearer <token>' (the gateway's SWITCHYARD_ADMIN_TOKEN); give it with --token or "
+            "the SWITCHYARD_ADMIN_TOKEN environment variable")
 
 
 def test_models_commands_exit_2_saying_cannot_reach_when_nothing_listens_at_the_url() -> None:

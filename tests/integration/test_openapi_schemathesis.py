@@ -26,10 +26,11 @@ from schemathesis.specs.openapi.checks import (
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 from starlette.routing import Route
 
-from services.gateway import Settings, create_app
+from services.gateway.app import create_app
 from services.gateway.errors import InvalidInput
 from services.gateway.rest.openapi import DOCS_PATH, paths
 from services.gateway.rest.schemas import Datatype
+from services.gateway.settings import Settings
 from services.gateway.tensors.datatypes import numpy_dtype
 from tests.gateway_process import GatewayProcess, gateway_process
 

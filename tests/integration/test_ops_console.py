@@ -1,6 +1,8 @@
 """The ops console in a real browser (Debian's chromium through Playwright) against a real gateway in its own
-process: sign-in, both example models, an activation and a rollback under load with no failed request, a canary at
-20 % with both sides' figures moving, the audit log; and no request ever leaves the gateway's origin."""
+process: sign-in (typed, and by the link `switchyard console` prints), both example models, the models that need
+attention first, the filter, the forms showing the live canary and shadow, one time format, an activation and a
+rollback under load with no failed request, a canary at 20 % with both sides' figures moving, the audit log; and no
+request ever leaves the gateway's origin."""
 
 from __future__ import annotations
 
@@ -57,6 +59,12 @@ def test_console_refuses_sign_in_with_a_clear_message_when_the_token_is_wrong(co
     assert console.token_kept() is None
     console.sign_in("")
     expect(console.page.locator("#login-error")).to_have_text("Type the admin token first.")
+    # A sign-in link goes through the same checks, and its token leaves the address bar either way.
+    console.open_link("not-the-token")
+    expect(console.page.locator("#login-error")).to_have_text(
+        "Sign-in refused — HTTP 403: the admin token is not valid"
+    )
+    assert "token" not in console.page.url
     # A token that stops working (the gateway restarted with another one) signs the tab out, saying why.
     console.page.evaluate("() => sessionStorage.setItem('switchyard.admin-token', 'an-old-token')")
     console.page.reload()
@@ -103,6 +111,60 @@ def test_console_shows_both_example_models_when_signed_in(console: ConsolePage, 
     assert console.context.cookies() == []
     assert TOKEN not in console.page.url
     assert all(TOKEN not in url for url in console.requests)
+
+
+def test_console_orders_filters_and_shows_the_live_policies_when_signed_in_by_link(
+    console: ConsolePage, gateway: GatewayProcess
+) -> None:
+    page = console.page
+    mlp, classifier = console.model("mlp"), console.model("classifier")
+    try:
+        admin(gateway.http_url, "PUT", "models/mlp/traffic", {"canary": 1, "weight": 20})
+        admin(gateway.http_url, "PUT", "models/classifier/shadow", {"version": 2, "percent": 25})
+        console.open_link()
+        expect(mlp).to_be_visible()
+        assert "token" not in page.url  # gone from the address bar (and, replaced, from the tab's history)
+        assert page.evaluate("() => location.hash") == "#/models"
+        assert console.token_kept() == TOKEN
+        expect(console.field("mlp", "canary")).to_have_text("v1 at 20 %")
+        # The forms show the live policies, not defaults; and the model with a canary comes first (by name it is
+        # second), each with the badges that say why.
+        expect(mlp.get_by_label("Canary version")).to_have_value("1")
+        expect(mlp.get_by_label("Weight (%)")).to_have_value("20")
+        expect(classifier.get_by_label("Shadow version")).to_have_value("2")
+        expect(classifier.get_by_label("Share (%)")).to_have_value("25")
+        expect(page.locator("article.model").first).to_have_attribute("data-model", "mlp")
+        expect(mlp.locator('[data-reason="canary"]')).to_have_text("canary v1 at 20 %")
+        expect(classifier.locator('[data-reason="shadow"]')).to_have_text("shadow v2 on 25 %")
+
+        # A field being edited keeps what is typed there; once left, it shows the live weight again.
+        mlp.get_by_label("Weight (%)").fill("55")
+        admin(gateway.http_url, "PUT", "models/mlp/traffic", {"canary": 1, "weight": 30})
+        expect(console.field("mlp", "canary")).to_have_text("v1 at 30 %")
+        expect(mlp.get_by_label("Weight (%)")).to_have_value("55")
+        page.locator("#models-title").click()
+        expect(mlp.get_by_label("Weight (%)")).to_have_value("30")
+
+        # One time format: ISO 8601 UTC, the age in the tooltip.
+        iso_utc = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ$")
+        for time_element in (page.locator("#updated time"), console.field("mlp", "updated").locator("time")):
+            expect(time_element).to_have_text(iso_utc)
+            expect(time_element).to_have_attribute("title", re.compile(r"^\d+ (s|min) ago$"))
+
+        page.get_by_label("Filter models").fill("CLASS")
+        expect(mlp).to_be_hidden()
+        expect(classifier).to_be_visible()
+        expect(page.locator("#models-count")).to_have_text("1 of 2 models match “CLASS”.")
+        page.reload()  # the filter is in the URL's query, the token in the tab's session storage
+        expect(classifier).to_be_visible()
+        expect(page.get_by_label("Filter models")).to_have_value("CLASS")
+        expect(mlp).to_be_hidden()
+        page.get_by_label("Filter models").fill("")
+        expect(mlp).to_be_visible()
+        assert "filter" not in page.url
+    finally:
+        admin(gateway.http_url, "PUT", "models/mlp/traffic", {"canary": None})
+        admin(gateway.http_url, "PUT", "models/classifier/shadow", {"version": None})
 
 
 def test_console_activates_and_rolls_back_without_a_failed_request_when_under_load(
@@ -212,7 +274,7 @@ def test_console_lists_events_newest_first_when_filtered_by_model(
     console.signed_in()
     card = console.model("mlp")
     card.get_by_label("Shadow version").select_option("1")
-    card.get_by_label("Sample (%)").fill("50")
+    card.get_by_label("Share (%)").fill("50")
     card.get_by_role("button", name="Set shadow").click()
     console.confirm()
     console.close_dialog()
@@ -247,6 +309,8 @@ def test_console_is_usable_by_keyboard_and_on_a_phone_when_acting(browser: Brows
         page.keyboard.type(TOKEN)
         page.keyboard.press("Enter")
         expect(console.model("classifier")).to_be_visible()
+        page.keyboard.press("/")  # the shortcut to the model filter
+        expect(page.get_by_label("Filter models")).to_be_focused()
         width = page.evaluate("() => document.documentElement.scrollWidth")
         assert width <= PHONE["width"], f"the page is {width}px wide on a {PHONE['width']}px phone"
         load = page.get_by_role("button", name="Unload version 2 of classifier")

@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from examples import models
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from tests.gateway_harness import RunningGateway, running_gateway
 from tests.repository_clients import (
     FLAVOURS,

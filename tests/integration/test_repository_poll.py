@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from examples import models
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from tests.gateway_harness import running_gateway
 
 TOKEN = "poll-test-token"

@@ -18,7 +18,7 @@ from pydantic import SecretStr
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from tests.gateway_harness import RunningGateway, running_gateway
 from tests.shaping_models import heavy_rows, shaping_repository
 from tests.waiting import eventually

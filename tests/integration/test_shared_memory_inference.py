@@ -15,7 +15,7 @@ import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
 from examples import models
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from tests.gateway_harness import RunningGateway, running_gateway
 from tests.shm_support import ShmObject, shm_object
 from tests.string_models import TEXT, serialized, string_repository

@@ -15,7 +15,7 @@ from pydantic import SecretStr
 from tritonclient.utils import InferenceServerException
 
 from examples import models
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from tests.gateway_harness import RunningGateway, running_gateway
 from tests.shm_support import ShmObject, descriptors, mappings, shm_object
 

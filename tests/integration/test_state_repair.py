@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from tests.gateway_harness import running_gateway
 
 pytestmark = pytest.mark.slow  # a gateway on real ports

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from tests.gateway_harness import RunningGateway, running_gateway
 from tests.statistics_clients import CLIENTS, Endpoint, raw_statistics, read, read_one, send
 from tests.tritonlocal.support import sample

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from rich.console import Console
 
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from services.ops.models_views import status_view
 from tests.cli_support import FEATURES, TOKEN, cells, models, one_error_line, squeezed
 from tests.gateway_harness import RunningGateway, running_gateway
@@ -133,11 +133,11 @@ def test_status_says_why_when_the_gateway_pulled_the_canary_back(gateway: Runnin
 
 # -- shadow ---------------------------------------------------------------------------------------------------
 def test_shadow_sets_and_clears_a_shadow_version_that_status_and_list_show(gateway: RunningGateway) -> None:
-    result = models(gateway, "shadow", "mlp", "--version", "1", "--sample", "0.5")
+    result = models(gateway, "shadow", "mlp", "--version", "1", "--percent", "50")
     assert result.exit_code == 0, result.output
     assert "shadow mlp: shadow 1 @ 50%: ok" in result.stdout
     assert "shadow version 1 on 50% of unversioned requests" in squeezed(result.stdout)
-    assert routing(gateway)["shadow"] == {"version": 1, "sample": 0.5}
+    assert routing(gateway)["shadow"] == {"version": 1, "sample": 0.5}  # the state keeps the fraction
     assert {served(gateway) for _ in range(4)} == {2}
 
     status = models(gateway, "status", "mlp")
@@ -166,9 +166,9 @@ def test_traffic_and_shadow_exit_1_with_the_server_message_when_the_gateway_refu
     missing = models(gateway, "traffic", "mlp", "--canary", "9", "--weight", "20")
     assert missing.exit_code == 1
     assert "failed at step 'load': Request for unknown model: 'mlp' version 9 is not found" in one_error_line(missing)
-    sample = models(gateway, "shadow", "mlp", "--version", "1", "--sample", "2")
-    assert sample.exit_code == 1
-    assert one_error_line(sample) == "error: 'sample' must be a number from 0 to 1, got 2"
+    share = models(gateway, "shadow", "mlp", "--version", "1", "--percent", "200")
+    assert share.exit_code == 1
+    assert one_error_line(share) == "error: 'percent' must be a number from 0 to 100, got 200"
     assert routing(gateway)["generation"] == generation
 
 
@@ -178,8 +178,9 @@ def test_traffic_and_shadow_exit_1_with_the_server_message_when_the_gateway_refu
         (["traffic", "mlp", "--clear", "--canary", "1"], "leave out --canary"),
         (["traffic", "mlp", "--canary", "1"], "give both --canary and --weight"),
         (["traffic", "mlp", "--canary", "1", "--weight", "5", "--window", "9"], "--max-error-rate and/or"),
-        (["shadow", "mlp", "--clear", "--sample", "0.5"], "leave out --sample"),
-        (["shadow", "mlp"], "give both --version and --sample"),
+        (["shadow", "mlp", "--clear", "--percent", "50"], "leave out --percent"),
+        (["shadow", "mlp"], "give both --version and --percent"),
+        (["shadow", "mlp", "--version", "1", "--percent", "5", "--sample", "0.05"], "give --percent alone"),
     ],
 )
 def test_traffic_and_shadow_exit_2_sending_nothing_when_the_options_do_not_go_together(
@@ -211,7 +212,9 @@ def test_traffic_and_shadow_answer_json_sending_only_the_options_given_when_aske
     }
     status = json.loads(models(gateway, "status", "mlp", "--json").stdout)
     assert set(status["traffic"]["canary"]["window"]) == {"seconds", "stable", "canary"}
-    shadow = json.loads(models(gateway, "shadow", "mlp", "--version", "1", "--sample", "0.25", "--json").stdout)
-    assert shadow["routing"]["shadow"] == {"version": 1, "sample": 0.25}
+    deprecated = models(gateway, "shadow", "mlp", "--version", "1", "--sample", "0.25", "--json")
+    assert "--sample is deprecated; --sample 0.25 is --percent 25" in deprecated.stderr
+    shadow = json.loads(deprecated.stdout)
+    assert shadow["routing"]["shadow"] == {"version": 1, "sample": 0.25, "percent": 25.0}
     cleared = json.loads(models(gateway, "traffic", "mlp", "--clear", "--json").stdout)
-    assert (cleared["routing"]["canary"], cleared["routing"]["shadow"]) == (None, {"version": 1, "sample": 0.25})
+    assert (cleared["routing"]["canary"], cleared["routing"]["shadow"]["percent"]) == (None, 25.0)

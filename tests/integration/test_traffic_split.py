@@ -128,7 +128,7 @@ async def test_shadow_answers_are_compared_never_served_and_cost_little_latency(
         for _ in range(6):  # short alternating rounds: both sides see the same neighbours on a shared machine
             httpx.put(f"{url}/admin/models/mlp/shadow", headers=ADMIN, json={"version": None})
             without += await closed_loop(url, clients=4, seconds=0.8)
-            shadow = httpx.put(f"{url}/admin/models/mlp/shadow", headers=ADMIN, json={"version": 1, "sample": 1.0})
+            shadow = httpx.put(f"{url}/admin/models/mlp/shadow", headers=ADMIN, json={"version": 1, "percent": 100})
             assert shadow.status_code == 200, shadow.text
             with_shadow += await closed_loop(url, clients=4, seconds=0.8)
         metrics = httpx.get(f"{url}/metrics").text
@@ -139,7 +139,7 @@ async def test_shadow_answers_are_compared_never_served_and_cost_little_latency(
     diverged = _sample(metrics, 'switchyard_shadow_divergence_count{model="mlp"}')
     argmax = _sample(metrics, 'switchyard_shadow_argmax_disagreements_total{model="mlp"}')
     print(
-        f"\nclient p99 without shadow {p99_without * 1e3:.2f} ms ({len(without)} requests), with shadow at sample 1.0 "
+        f"\nclient p99 without shadow {p99_without * 1e3:.2f} ms ({len(without)} requests), with shadow at 100 % "
         f"{p99_with * 1e3:.2f} ms ({len(with_shadow)} requests): {p99_with / p99_without:.2f}x; {shadowed:.0f} shadow "
         f"requests compared, {argmax:.0f} argmax disagreements, {dropped:.0f} dropped"
     )

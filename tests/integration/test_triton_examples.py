@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from tests.gateway_harness import RunningGateway, running_gateway
 from tests.simple_models import copy_simple_repository, shared_simple_repository
 from tests.triton_examples import SEQUENCE_SETTINGS, SEQUENCES, run_sequence

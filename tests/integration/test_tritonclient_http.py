@@ -27,7 +27,9 @@ def test_http_client_reports_health_and_metadata_when_models_loaded(gateway: Run
         assert client.is_model_ready("classifier")
         assert client.is_model_ready("mlp", model_version="2")
         assert not client.is_model_ready("mlp", model_version="7")
-        assert client.get_server_metadata()["name"] == "switchyard"
+        server = client.get_server_metadata()
+        assert server["name"] == "switchyard"
+        assert server["grpc_port"] == gateway.grpc_port  # the gateway's own key, which tritonclient passes through
         metadata = client.get_model_metadata("mlp")
         assert metadata["versions"] == ["1", "2"]
         assert metadata["platform"] == "onnxruntime_onnx"

@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 from examples.zoo import FORMATS, ZOO, ZooModel, ZooRow, export_zoo, problems
 from examples.zoo.run import markdown_table
 from exporter.parity import random_like
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from services.modelrepo.manifest import read_manifest
 from tests.gateway_harness import RunningGateway, running_gateway
 

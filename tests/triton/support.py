@@ -16,9 +16,9 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 
-from services.gateway import Settings
 from services.gateway.backends.triton import ConfigTransform, TritonBackend
 from services.gateway.repository import Catalog
+from services.gateway.settings import Settings
 from services.tritonlocal import LocalTriton, TritonInstall, derive_config
 from tests.gateway_harness import RunningGateway, running_gateway
 from tests.tritonlocal.support import sample

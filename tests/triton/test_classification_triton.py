@@ -18,7 +18,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
-from services.gateway import Settings
+from services.gateway.settings import Settings
 from services.modelrepo import layout
 from services.tritonlocal import LocalTriton, TritonInstall
 from tests.gateway_harness import RunningGateway, running_gateway

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.gateway import Settings
 from services.gateway.errors import BackendUnavailable, ModelNotFound, ModelNotReady
+from services.gateway.settings import Settings
 from services.gateway.tensors.types import InferInput, InferRequest, VersionState
 from services.tritonlocal import TritonInstall
 from tests.gateway_harness import Reference

@@ -143,7 +143,7 @@ class Console:
             "sampled_every_s": self._live.period_s,
             "stable": record.stable,
             "canary": {"version": canary.version, "weight": canary.weight} if canary is not None else None,
-            "shadow_policy": {"version": shadow.version, "sample": shadow.sample} if shadow is not None else None,
+            "shadow_policy": {"version": shadow.version, "percent": shadow.percent} if shadow is not None else None,
             **self._live.series(model, minutes=minutes, step_s=step_s),
         }
 

@@ -93,8 +93,14 @@ class AdminEndpoints:
     async def shadow(self, request: Request) -> Response:
         async def act(actor: str) -> Any:
             fields = await self._body(request)
-            shadow = None if fields.get("version") is None else _parsed(ShadowPolicy.from_json, fields, set())
-            return (await set_shadow(self._manager, _model(request), shadow, actor)).to_json()
+            if fields.get("version") is None:
+                return (await set_shadow(self._manager, _model(request), None, actor)).to_json()
+            shadow, note = _parsed(ShadowPolicy.from_request, fields, set())
+            answer = (await set_shadow(self._manager, _model(request), shadow, actor)).to_json()
+            if note is not None:
+                log.warning("shadow of model '%s': %s", _model(request), note)
+                answer["deprecated"] = note
+            return answer
 
         return await self._answer(request, act)
 

@@ -72,7 +72,8 @@ def _traffic(manager: VersionManager, model: str) -> dict[str, Any] | None:
         return None
     view: dict[str, Any] = {"canary": None, "shadow": None}
     if record.shadow is not None:
-        view["shadow"] = {"version": record.shadow.version, "sample": record.shadow.sample}
+        view["shadow"] = {"version": record.shadow.version, "percent": record.shadow.percent,
+                          "sample": record.shadow.sample}
     canary = record.canary
     if canary is not None:
         window_s = canary.rollback.window_s if canary.rollback is not None else 60.0

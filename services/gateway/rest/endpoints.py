@@ -21,7 +21,12 @@ class Endpoints:
         self._dataplane = dataplane
 
     async def server_metadata(self, request: Request) -> Response:
-        return JSONBytesResponse(self._dataplane.server_metadata())
+        """The v2 body, and ``grpc_port`` when gRPC serves: the bound port (a load generator or client finds it
+        from the HTTP URL alone). Clients of the v2 body ignore a key they do not know (tritonclient returns the JSON
+        as it is, KServe's model drops extra keys); the gRPC message has no room for it, and needs none."""
+        metadata = self._dataplane.server_metadata()
+        grpc_port: int | None = request.app.state.grpc_port  # set by the lifespan once the gRPC server is bound
+        return JSONBytesResponse(metadata if grpc_port is None else {**metadata, "grpc_port": grpc_port})
 
     # The health answers carry the KServe v2 bodies (``{"live": bool}``, ``{"ready": bool}``, the model's
     # ``{"name", "ready"}``), which KServe's clients parse; Triton's clients read only the status, which stays.

@@ -150,6 +150,9 @@ class ServerMetadata(_Closed):
     name: str
     version: str
     extensions: list[str]
+    grpc_port: Annotated[int, Field(ge=1, le=65535)] | SkipJsonSchema[None] = Field(
+        None, description="The gateway's gRPC port (absent when gRPC is off); the gateway's own key, not v2's."
+    )
 
 
 class ModelConfig(RootModel[dict[str, Any]]):
@@ -239,8 +242,11 @@ class ShadowPolicy(_Closed):
     """Shadow traffic; ``version: null`` ends it."""
 
     version: Annotated[int, Field(ge=0)] | None = Field(None, description="The shadow version.")
+    percent: Annotated[float, Field(ge=0, le=100)] | SkipJsonSchema[None] = Field(
+        None, description="Percent of unversioned requests also run on it (required with one; 0 stops it)."
+    )
     sample: Annotated[float, Field(ge=0, le=1)] | SkipJsonSchema[None] = Field(
-        None, description="Fraction of unversioned requests also run on it (required with one)."
+        None, deprecated=True, description="Deprecated: the same as a fraction (0-1); give percent instead."
     )
 
 

@@ -77,7 +77,9 @@ class CanaryPolicy:
 
 @dataclass(frozen=True, slots=True)
 class ShadowPolicy:
-    """A ``sample`` fraction of unversioned requests also runs on ``version``; its answers are compared, never sent."""
+    """A ``sample`` fraction of unversioned requests also runs on ``version``; its answers are compared, never sent.
+    The state keeps the fraction; the admin API, the CLI and the console speak percent (``percent``), as the
+    canary's ``weight`` does."""
 
     version: int
     sample: float
@@ -87,6 +89,26 @@ class ShadowPolicy:
         fields = _object(data, "shadow", {"version", "sample"})
         sample = _number(fields, "sample", 0.0, 1.0, None, "", required=True)
         return cls(_version(fields.get("version"), "shadow"), sample or 0.0)
+
+    @classmethod
+    def from_request(cls, data: object) -> tuple[ShadowPolicy, str | None]:
+        """The policy an admin request asks for: ``{"version": v, "percent": 0-100}``, or the deprecated
+        ``"sample"`` fraction, with the note that says so (``None`` when ``percent`` was given)."""
+        fields = _object(data, "shadow", {"version", "percent", "sample"})
+        if "percent" in fields and "sample" in fields:
+            raise ValueError("give 'percent' (0-100), not both 'percent' and the deprecated 'sample'")
+        if "sample" in fields:
+            return cls.from_json(fields), DEPRECATED_SAMPLE
+        percent = _number(fields, "percent", 0.0, 100.0, None, "", required=True)
+        return cls(_version(fields.get("version"), "shadow"), (percent or 0.0) / 100), None
+
+    @property
+    def percent(self) -> float:
+        return round(self.sample * 100, 6)
+
+
+DEPRECATED_SAMPLE = ("'sample' (a fraction, 0-1) is deprecated: give 'percent' (0-100), the unit of the canary's "
+                     "'weight'")
 
 
 def _object(data: object, what: str, allowed: set[str]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.state import Event, RoutingRecord
 from services.gateway.tensors.types import VersionState
 from services.gateway.versions.context import VersionContext
+from services.gateway.versions.first_stable import first_stable
 from services.gateway.versions.progress import GATEWAY
 from services.gateway.versions.reports import finish
 
@@ -53,17 +54,26 @@ async def _introduce(manager: VersionContext, model: str, actor: str) -> dict[st
         problem = entry.problem or f"no version folder in {entry.path}"
         log.error("model '%s' is unavailable: %s", model, problem)
         return {"problem": problem}
-    async with manager.exclusive(model, "discover", max(entry.selected)) as steps:
-        for version in entry.selected:
+    choice = first_stable(entry)
+    wanted = sorted({*entry.selected, *choice.candidates})
+    async with manager.exclusive(model, "discover", max(wanted)) as steps:
+        for version in wanted:
             try:
                 await manager.prepare(model, version, steps)
             except GatewayError as exc:
                 log.error("model '%s' version %d: %s", model, version, exc)
-        ready = [v for v in entry.selected if manager.backend.state(model, v) is VersionState.READY]
-        if not ready:
+        ready = [v for v in wanted if manager.backend.state(model, v) is VersionState.READY]
+        stable = choice.pick(lambda v: v in ready)
+        if stable is not None and stable not in ready:
             report = await finish(manager, steps, "failed", {}, actor, error=manager.router.problem(model))
             return {"problem": report.error}
-        routed = RoutingRecord(stable=max(ready), loaded=manager.loaded_now(model))
+        if stable is None:
+            log.error("model '%s' serves no unversioned request: %s", model, choice.rule)
+            manager.router.unrouted(model, choice.rule)
+            await finish(manager, steps, "unchanged", {}, actor, error=choice.rule)
+            return {"problem": choice.rule, "loaded": ready}
+        log.info("model '%s': stable version %d, %s", model, stable, choice.rule)
+        routed = RoutingRecord(stable=stable, loaded=manager.loaded_now(model))
         await manager.commit_routing(model, routed)
         await finish(manager, steps, "ok", {"stable": routed.stable}, actor, generation=routed.generation)
         return {"stable": routed.stable, "loaded": ready}

@@ -88,5 +88,8 @@ class ActionReport:
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["routing"] = self.routing.to_json() if self.routing is not None else None
+        if self.routing is not None and self.routing.shadow is not None:
+            # The record keeps the fraction it persists; the admin API speaks percent, as the canary's weight does.
+            data["routing"]["shadow"]["percent"] = self.routing.shadow.percent
         data["unloaded"] = list(self.unloaded)
         return data

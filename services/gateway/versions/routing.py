@@ -47,6 +47,7 @@ class Router:
         self._records: dict[str, RoutingRecord] = {}
         self._warming: set[tuple[str, int]] = set()
         self._notes: dict[tuple[str, int], str] = {}
+        self._unrouted: dict[str, str] = {}
 
     @property
     def records(self) -> Mapping[str, RoutingRecord]:
@@ -57,6 +58,7 @@ class Router:
 
     def set(self, model: str, record: RoutingRecord) -> None:
         self._records[model] = record
+        self._unrouted.pop(model, None)
 
     def route(self, model: str, version: int | None, header: Header | None = None) -> int:
         """The version a request is served by: 404 when the model or the pinned version is unknown or not loaded,
@@ -104,10 +106,16 @@ class Router:
         else:
             self._notes[model, version] = problem
 
+    def unrouted(self, model: str, reason: str) -> None:
+        """Say why a model that loaded has no stable version (none is released); routing it clears this."""
+        self._unrouted[model] = reason
+
     def problem(self, model: str, version: int | None = None) -> str | None:
         entry = self._catalog.entries.get(model)
         if entry is not None and entry.problem is not None:
             return entry.problem
+        if version is None and model not in self._records and model in self._unrouted:
+            return self._unrouted[model]
         record = self._records.get(model)
         if version is None and record is not None and record.unloaded:
             return UNLOADED  # settled on purpose: the gateway is ready without it

@@ -10,6 +10,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.state import Event, RoutingRecord, StateError
 from services.gateway.tensors.types import VersionState
 from services.gateway.versions.context import VersionContext
+from services.gateway.versions.first_stable import first_stable
 from services.gateway.versions.progress import GATEWAY, Progress, Steps
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,8 @@ async def start_models(manager: VersionContext) -> None:
             named = (record.stable, record.previous, record.canary and record.canary.version,
                      record.shadow and record.shadow.version)
             wanted |= {v for v in named if v is not None and v in entry.available}
+        if record is None or record.stable not in entry.available:
+            wanted |= set(first_stable(entry).candidates)  # the latest released one, when the policy passed it over
         initial[name] = wanted
     await manager.backend.start(initial)
     for name, versions in initial.items():
@@ -67,17 +70,23 @@ async def _route(manager: VersionContext, model: str, record: RoutingRecord | No
         if dropped:
             error = f"the persisted routing names {dropped}, gone from the repository: dropped from it"
             await _persist(manager, model, repaired, error)
+        log.info("model '%s': stable version %d, from the persisted routing (generation %d)", model,
+                 repaired.stable, repaired.generation)
         manager.set_routing(model, repaired)
         return
     if record is not None:
         error = f"the persisted stable version {record.stable} is gone from the repository"
-    ready = [v for v in entry.selected if manager.backend.state(model, v) is VersionState.READY]
-    if not ready and manager.router.problem(model) is not None:
+    choice = first_stable(entry)
+    serving = [v for v in choice.candidates if manager.backend.state(model, v) is VersionState.READY]
+    if not serving and manager.router.problem(model) is not None:
         return  # nothing it could route to serves, and the reason is known: reported, not routed
-    candidates = ready or list(entry.selected)
-    if not candidates:
+    stable = choice.pick(lambda v: v in serving)
+    if stable is None:
+        log.error("model '%s' serves no unversioned request: %s", model, choice.rule)
+        manager.router.unrouted(model, choice.rule)
         return
-    stable = max(candidates)
+    log.info("model '%s': %s; stable version %d, %s", model,
+             "no routing state" if record is None else "the persisted stable version is gone", stable, choice.rule)
     # The stable version the record named is not on disk (else it would route): it cannot be the one to roll
     # back to. The record's own previous version can, while it is still there.
     previous = record.previous if record is not None else None
@@ -89,7 +98,7 @@ async def _route(manager: VersionContext, model: str, record: RoutingRecord | No
     )
     if error:
         error = f"{error}; serving version {stable}"
-    await _persist(manager, model, routed, error)
+    await _persist(manager, model, routed, error, rule=choice.rule)
     manager.set_routing(model, routed)
 
 
@@ -124,8 +133,11 @@ def _on_disk(record: RoutingRecord, available: set[int]) -> tuple[RoutingRecord,
     return record.but(**changes), ", ".join(gone)
 
 
-async def _persist(manager: VersionContext, model: str, routed: RoutingRecord, error: str | None) -> None:
-    """Save the routing startup chose, and say why when it is not what the store held."""
+async def _persist(
+    manager: VersionContext, model: str, routed: RoutingRecord, error: str | None, *, rule: str | None = None
+) -> None:
+    """Save the routing startup chose, and say why when it is not what the store held (``rule``: which rule chose
+    the stable version, when no routing state did)."""
     try:
         await manager.store.save_routing(model, routed)
     except StateError as exc:
@@ -133,4 +145,4 @@ async def _persist(manager: VersionContext, model: str, routed: RoutingRecord, e
     if error:
         log.error("model '%s': %s", model, error)
     await manager.record(Event("startup", model, "ok", {"stable": routed.stable}, error=error, actor=GATEWAY,
-                               generation=routed.generation))
+                               generation=routed.generation, detail={"rule": rule} if rule else {}))

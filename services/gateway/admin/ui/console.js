@@ -1,6 +1,8 @@
 // Switchyard ops console: one ES module, no dependencies, no build step. It reads and changes the gateway only
 // through the admin API of the gateway that served it, with the token kept in this tab's sessionStorage (never in a
-// cookie or a URL). Everything from the gateway is put in the page as text, never as HTML.
+// cookie; in a URL only as a sign-in link's fragment, `#token=...`, which no browser sends to a server and which the
+// page removes from the address bar and the tab's history as it reads it). Everything from the gateway is put in the
+// page as text, never as HTML. Every time shown is UTC, ISO 8601 (`2026-12-04 15:35:43Z`), its age in the tooltip.
 
 const TOKEN_KEY = "switchyard.admin-token";
 const POLL_MS = 2000;
@@ -8,6 +10,8 @@ const PROGRESS_MS = 250;
 const LIVE = { minutes: 5, step: 2 };
 const SWAP_STEPS = ["load", "warmup", "compare", "flip", "drain", "unload"];
 const SWAPS = new Set(["activate", "rollback"]);
+const RECENT_MS = 15 * 60 * 1000;
+const FILTER_PARAM = "filter";
 
 class ApiError extends Error {
   constructor(status, message, body) {
@@ -32,6 +36,7 @@ const state = {
   timer: null,
   generation: 0,
   dialogs: 0,
+  filter: new URLSearchParams(location.search).get(FILTER_PARAM) || "",
 };
 
 const $ = (id) => document.getElementById(id);
@@ -100,8 +105,36 @@ function ms(seconds) {
 function utc(iso) {
   if (!iso) return "–";
   const date = new Date(iso);
-  return Number.isNaN(date.getTime()) ? iso : date.toISOString().replace("T", " ").slice(0, 19);
+  return Number.isNaN(date.getTime()) ? iso : `${date.toISOString().replace("T", " ").slice(0, 19)}Z`;
 }
+
+/** "2 min ago": how old a time is, for the tooltip of the UTC time the page shows. */
+function ago(iso, now = Date.now()) {
+  const seconds = Math.round((now - new Date(iso).getTime()) / 1000);
+  if (Number.isNaN(seconds)) return "";
+  if (seconds < 0) return "in the future (is this machine's clock behind the gateway's?)";
+  if (seconds < 60) return `${seconds} s ago`;
+  if (seconds < 3600) return `${Math.floor(seconds / 60)} min ago`;
+  if (seconds < 86400) return `${Math.floor(seconds / 3600)} h ago`;
+  return `${Math.floor(seconds / 86400)} d ago`;
+}
+
+/** A <time> showing ``iso`` in UTC, its age in the tooltip. */
+function when(iso) {
+  if (!iso) return "–";
+  return h("time", { datetime: iso, title: ago(iso) }, utc(iso));
+}
+
+/** The shadow's share in percent; audit events written before the API spoke percent carry the fraction only. */
+function shadowPercent(shadow) {
+  if (!shadow) return null;
+  if (shadow.percent !== undefined && shadow.percent !== null) return shadow.percent;
+  return shadow.sample === undefined || shadow.sample === null ? null : shadow.sample * 100;
+}
+
+/** A percentage as people write it: "20", "12.5" (never "12.500"). */
+const share = (x) => (x === null || x === undefined ? "–" : String(Number(Number(x).toFixed(2))));
+const shadowText = (shadow) => (shadow ? `${v(shadow.version)} on ${share(shadowPercent(shadow))} %` : "none");
 
 function steps(timings) {
   return Object.entries(timings || {})
@@ -119,7 +152,7 @@ function comparison(result, lead = "compared") {
 function split(canary) {
   if (!canary) return "none";
   if (canary.rolled_back && !canary.weight) return `${v(canary.version)} pulled back`;
-  return `${v(canary.version)} at ${num(canary.weight, 0)} %`;
+  return `${v(canary.version)} at ${share(canary.weight)} %`;
 }
 
 // -- sparklines -------------------------------------------------------------------------------------------------
@@ -175,6 +208,7 @@ function show(view) {
 }
 
 function route() {
+  if (linkToken() !== null) return;
   if (!token()) {
     signedOut("");
     return;
@@ -194,12 +228,27 @@ function signedOut(message) {
   $("token").focus();
 }
 
+/** A sign-in link (`switchyard console`): `#token=...`. The token leaves the address bar and the tab's history at
+ * once, before anything else runs, and signs in as if typed. The token it read, or null when the URL has none. */
+function linkToken() {
+  if (!location.hash.startsWith("#token=")) return null;
+  const presented = new URLSearchParams(location.hash.slice(1)).get("token") || "";
+  history.replaceState(null, "", `${location.pathname}${location.search}#/models`);
+  signedOut("");
+  signInWith(presented);
+  return presented;
+}
+
 async function signIn(event) {
   event.preventDefault();
-  const presented = $("token").value.trim();
+  await signInWith($("token").value.trim(), "Type the admin token first.");
+}
+
+/** The same checks for a typed token and a link's: a token, and one the gateway takes. */
+async function signInWith(presented, missing = "The sign-in link holds no token: type the admin token.") {
   $("login-error").textContent = "";
   if (!presented) {
-    $("login-error").textContent = "Type the admin token first.";
+    $("login-error").textContent = missing;
     return;
   }
   try {
@@ -228,7 +277,7 @@ async function tick(generation) {
     if (state.view === "models") await refreshModels();
     else if (state.view === "events") await refreshEvents();
     // Not a live region: a screen reader hears the failures (#trouble), not a tick every two seconds.
-    $("updated").textContent = `Updated ${new Date().toLocaleTimeString()}`;
+    $("updated").replaceChildren("Updated ", when(new Date().toISOString()));
     $("trouble").textContent = "";
   } catch (err) {
     if (err instanceof ApiError && (err.status === 401 || err.status === 403)) {
@@ -252,23 +301,108 @@ async function refreshModels() {
     Promise.all(names.map((name) => api("GET", `/admin/models/${enc(name)}/live?${query}`))),
   ]);
   await Promise.all(statuses.map((status) => lastSwap(status)));
-  const container = $("models");
   for (const [name, card] of state.cards) {
     if (!names.includes(name)) {
       card.root.remove();
       state.cards.delete(name);
     }
   }
-  names.forEach((name, i) => {
-    let card = state.cards.get(name);
+  const now = Date.now();
+  const rows = names.map((name, i) => ({ name, status: statuses[i], live: lives[i], reasons: attention(statuses[i], now) }));
+  rows.sort((a, b) => rank(a) - rank(b) || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+  for (const row of rows) {
+    let card = state.cards.get(row.name);
     if (!card) {
-      card = buildCard(name);
-      state.cards.set(name, card);
+      card = buildCard(row.name);
+      state.cards.set(row.name, card);
     }
-    container.append(card.root); // keeps the order of the overview
-    renderCard(card, statuses[i], lives[i]);
+    renderCard(card, row.status, row.live);
+    renderReasons(card, row.reasons);
+  }
+  const container = $("models");
+  place(container, rows.length ? rows.map((row) => state.cards.get(row.name).root) : [h("p", { text: "The gateway serves no model." })]);
+  applyFilter();
+}
+
+// -- what needs attention ---------------------------------------------------------------------------------------
+
+/** Why a model should be looked at first, most pressing first: a version that fails, a canary, a shadow, a version
+ * action in the last 15 minutes. Each reason becomes a badge on the model's card. */
+function attention(status, now) {
+  const routing = status.routing || {};
+  const reasons = [];
+  const failing = status.loaded.filter((row) => row.state === "UNAVAILABLE" || row.problem);
+  if (failing.length) {
+    const detail = failing.map((row) => `${v(row.version)} ${row.state}${row.problem ? `: ${row.problem}` : ""}`).join("; ");
+    reasons.push({ key: "failing", rank: 0, text: `failing: ${failing.map((row) => v(row.version)).join(", ")}`, title: detail });
+  }
+  if (routing.canary) reasons.push({ key: "canary", rank: 1, text: `canary ${split(routing.canary)}` });
+  const shadow = (status.traffic && status.traffic.shadow) || routing.shadow;
+  if (shadow) reasons.push({ key: "shadow", rank: 2, text: `shadow ${shadowText(shadow)}` });
+  const last = status.last_action;
+  const age = last ? now - Date.parse(last.finished_at) : NaN;
+  if (last && last.result !== "unchanged" && age >= 0 && age < RECENT_MS) {
+    const failed = last.result === "failed" ? " failed" : "";
+    reasons.push({ key: "recent", rank: 3, text: `${last.action}${failed} ${ago(last.finished_at, now)}`, title: `${last.action} ${last.result} at ${utc(last.finished_at)}` });
+  }
+  return reasons;
+}
+
+/** A model that does not serve comes first of all (its card's "not ready" badge says so); then by its reasons. */
+function rank(row) {
+  if (!row.status.ready) return -1;
+  return Math.min(9, ...row.reasons.map((reason) => reason.rank));
+}
+
+function renderReasons(card, reasons) {
+  card.reasons.replaceChildren(...reasons.map((reason) => h("li", { class: `reason ${reason.key}`, dataset: { reason: reason.key }, title: reason.title }, reason.text)));
+  card.reasons.hidden = !reasons.length;
+}
+
+/** Puts ``roots`` in ``container`` in that order, moving only what is out of place: a moved card would drop the
+ * keyboard focus, which then goes back to the element with the same id. */
+function place(container, roots) {
+  const focused = document.activeElement && container.contains(document.activeElement) ? document.activeElement.id : null;
+  for (const child of [...container.children]) if (!roots.includes(child)) child.remove();
+  let moved = false;
+  roots.forEach((root, i) => {
+    if (container.children[i] !== root) {
+      container.insertBefore(root, container.children[i] || null);
+      moved = true;
+    }
   });
-  if (!names.length) container.replaceChildren(h("p", { text: "The gateway serves no model." }));
+  if (moved && focused && document.activeElement && document.activeElement.id !== focused) {
+    const again = document.getElementById(focused);
+    if (again) again.focus();
+  }
+}
+
+// -- the filter -------------------------------------------------------------------------------------------------
+
+function applyFilter() {
+  const wanted = state.filter.trim().toLowerCase();
+  let shown = 0;
+  for (const [name, card] of state.cards) {
+    const match = !wanted || name.toLowerCase().includes(wanted);
+    card.root.hidden = !match;
+    if (match) shown += 1;
+  }
+  const total = state.cards.size;
+  let text = "";
+  if (total && !wanted) text = `${total} models, those that need attention first.`;
+  else if (total && shown) text = `${shown} of ${total} models match “${state.filter.trim()}”.`;
+  else if (total) text = `No model matches “${state.filter.trim()}” (${total} in all).`;
+  if ($("models-count").textContent !== text) $("models-count").textContent = text; // a live region: only changes
+}
+
+/** The filter lives in the URL's query (`?filter=mlp`): kept on reload, and a link can carry it. */
+function filterChanged() {
+  state.filter = $("models-filter").value;
+  const url = new URL(location.href);
+  if (state.filter) url.searchParams.set(FILTER_PARAM, state.filter);
+  else url.searchParams.delete(FILTER_PARAM);
+  history.replaceState(history.state, "", url);
+  applyFilter();
 }
 
 /** The latest activate or rollback of the model from the audit log, read again when the routing changed. */
@@ -294,20 +428,40 @@ function buildCard(name) {
   const last = part("Last swap", "last");
   const forms = buildForms(name, id);
   const badge = h("span", { class: "badge" });
+  const reasons = h("ul", { class: "reasons", "aria-label": `Why ${name} needs attention`, hidden: true });
   const root = h(
     "article",
     { class: "model", id, "aria-labelledby": `${id}-title`, dataset: { model: name } },
-    h("header", {}, h("h3", { id: `${id}-title`, text: name }), badge),
+    h("header", {}, h("h3", { id: `${id}-title`, text: name }), badge, reasons),
     h("div", { class: "grid" }, routing.section, live.section, versions.section, forms.section, last.section),
   );
-  return { name, id, root, badge, routing: routing.body, live: live.body, versions: versions.body, last: last.body, forms };
+  return { name, id, root, badge, reasons, routing: routing.body, live: live.body, versions: versions.body, last: last.body, forms };
+}
+
+/** A field of the form has the focus, or holds a change not sent yet while the focus is still in the form: then a
+ * refresh leaves the form alone. Otherwise it shows the live policy (a draft left behind is dropped). */
+function editing(form) {
+  const active = document.activeElement;
+  return form.dataset.dirty === "true" || Boolean(active && form.contains(active) && active.matches("input, select"));
+}
+
+function trackEdits(form) {
+  const mark = () => {
+    form.dataset.dirty = "true";
+  };
+  form.addEventListener("input", mark);
+  form.addEventListener("change", mark);
+  form.addEventListener("focusout", (event) => {
+    if (!form.contains(event.relatedTarget)) delete form.dataset.dirty;
+  });
+  return () => delete form.dataset.dirty; // sent: once the dialog closes, the form shows the live policy
 }
 
 function buildForms(name, id) {
   const canaryVersion = h("select", { id: `${id}-canary-version` });
-  const weight = h("input", { id: `${id}-canary-weight`, type: "number", min: "0", max: "100", step: "any", value: "10", inputmode: "decimal", required: true });
+  const weight = h("input", { id: `${id}-canary-weight`, type: "number", min: "0", max: "100", step: "any", placeholder: "0–100", inputmode: "decimal", required: true });
   const shadowVersion = h("select", { id: `${id}-shadow-version` });
-  const sample = h("input", { id: `${id}-shadow-sample`, type: "number", min: "0", max: "100", step: "any", value: "10", inputmode: "decimal", required: true });
+  const percent = h("input", { id: `${id}-shadow-percent`, type: "number", min: "0", max: "100", step: "any", placeholder: "0–100", inputmode: "decimal", required: true });
   const rollback = h("button", { type: "button", id: `${id}-rollback`, class: "danger" }, "Roll back");
   rollback.addEventListener("click", () => confirmRollback(name));
   const canary = h(
@@ -316,23 +470,33 @@ function buildForms(name, id) {
     h("label", { for: canaryVersion.id }, "Canary version"), canaryVersion,
     h("label", { for: weight.id }, "Weight (%)"), weight,
     h("button", { type: "submit" }, "Set canary"),
-    h("button", { type: "button", id: `${id}-canary-clear`, onclick: () => confirmTraffic(name, null, 0) }, "Clear canary"),
+    h("button", { type: "button", id: `${id}-canary-clear`, onclick: () => {
+      canarySent();
+      confirmTraffic(name, null, 0);
+    } }, "Clear canary"),
   );
+  const canarySent = trackEdits(canary);
   canary.addEventListener("submit", (event) => {
     event.preventDefault();
+    canarySent();
     if (canaryVersion.value) confirmTraffic(name, Number(canaryVersion.value), Number(weight.value));
   });
   const shadow = h(
     "form",
     { class: "row", "aria-label": `Shadow of ${name}` },
     h("label", { for: shadowVersion.id }, "Shadow version"), shadowVersion,
-    h("label", { for: sample.id }, "Sample (%)"), sample,
+    h("label", { for: percent.id }, "Share (%)"), percent,
     h("button", { type: "submit" }, "Set shadow"),
-    h("button", { type: "button", id: `${id}-shadow-clear`, onclick: () => confirmShadow(name, null, 0) }, "Clear shadow"),
+    h("button", { type: "button", id: `${id}-shadow-clear`, onclick: () => {
+      shadowSent();
+      confirmShadow(name, null, 0);
+    } }, "Clear shadow"),
   );
+  const shadowSent = trackEdits(shadow);
   shadow.addEventListener("submit", (event) => {
     event.preventDefault();
-    if (shadowVersion.value) confirmShadow(name, Number(shadowVersion.value), Number(sample.value));
+    shadowSent();
+    if (shadowVersion.value) confirmShadow(name, Number(shadowVersion.value), Number(percent.value));
   });
   const section = h(
     "section",
@@ -342,7 +506,7 @@ function buildForms(name, id) {
     shadow,
     h("div", { class: "row" }, rollback),
   );
-  return { section, canaryVersion, shadowVersion, rollback };
+  return { section, canary, canaryVersion, weight, shadow, shadowVersion, percent, rollback };
 }
 
 /** Replace a part's content, keeping the keyboard focus on the element with the same id. */
@@ -365,6 +529,24 @@ function options(select, versions) {
   select.disabled = wanted.length === 0;
 }
 
+/** The forms show the live canary and shadow (or an empty share when there is none), unless being edited; a live
+ * version that left the disk stays a choice, so that the form can still show it. */
+function syncForms(forms, status) {
+  const routing = status.routing || {};
+  const onDisk = status.available.filter((version) => version !== routing.stable);
+  const sync = (form, select, input, policy, amount) => {
+    const choices = policy && !onDisk.includes(policy.version) ? [...onDisk, policy.version].sort((a, b) => a - b) : onDisk;
+    options(select, choices);
+    if (editing(form)) return;
+    if (policy) select.value = String(policy.version);
+    input.value = policy ? share(amount) : "";
+  };
+  const canary = routing.canary;
+  sync(forms.canary, forms.canaryVersion, forms.weight, canary, canary && canary.weight);
+  const shadow = (status.traffic && status.traffic.shadow) || routing.shadow;
+  sync(forms.shadow, forms.shadowVersion, forms.percent, shadow, shadowPercent(shadow));
+}
+
 function renderCard(card, status, live) {
   const routing = status.routing || {};
   const traffic = status.traffic || {};
@@ -382,9 +564,9 @@ function renderCard(card, status, live) {
       field("Stable", "stable", v(routing.stable)),
       field("Previous", "previous", v(routing.previous)),
       field("Canary", "canary", split(canary)),
-      field("Shadow", "shadow", shadow ? `${v(shadow.version)} on ${pct(shadow.sample, 0)}` : "none"),
+      field("Shadow", "shadow", shadowText(traffic.shadow || shadow)),
       field("Generation", "generation", routing.generation ?? "–"),
-      field("Changed", "updated", utc(routing.updated_at)),
+      field("Changed", "updated", when(routing.updated_at)),
     ),
     status.problem ? h("p", { class: "error", text: status.problem }) : null,
     canary && canary.rolled_back ? h("p", { class: "error", text: `Canary pulled back: ${canary.rolled_back}` }) : null,
@@ -394,9 +576,7 @@ function renderCard(card, status, live) {
   replace(card.live, liveTable(card, live, traffic));
   replace(card.versions, versionsTable(card, status));
 
-  const onDisk = status.available.filter((version) => version !== routing.stable);
-  options(card.forms.canaryVersion, onDisk);
-  options(card.forms.shadowVersion, onDisk);
+  syncForms(card.forms, status);
   card.forms.rollback.disabled = routing.previous === null || routing.previous === undefined;
   card.forms.rollback.textContent = card.forms.rollback.disabled ? "Roll back (no previous version)" : `Roll back to ${v(routing.previous)}`;
 
@@ -424,7 +604,7 @@ function versionsTable(card, status) {
     const roles = [];
     if (version === routing.stable) roles.push("stable");
     if (version === routing.previous) roles.push("previous");
-    if (routing.canary && version === routing.canary.version) roles.push(`canary ${num(routing.canary.weight, 0)} %`);
+    if (routing.canary && version === routing.canary.version) roles.push(`canary ${share(routing.canary.weight)} %`);
     if (routing.shadow && version === routing.shadow.version) roles.push("shadow");
     const onDisk = status.available.includes(version);
     const act = (verb, handler) =>
@@ -466,7 +646,7 @@ const FIGURES = [
 
 function liveTable(card, live, traffic) {
   const sides = [{ side: "stable", version: live.stable, title: `Stable ${v(live.stable)}` }];
-  if (live.canary) sides.push({ side: "canary", version: live.canary.version, title: `Canary ${v(live.canary.version)} (${num(live.canary.weight, 0)} %)` });
+  if (live.canary) sides.push({ side: "canary", version: live.canary.version, title: `Canary ${v(live.canary.version)} (${share(live.canary.weight)} %)` });
   const points = (version) => {
     const series = live.versions.find((item) => item.version === version);
     return series ? series.points : [];
@@ -553,7 +733,7 @@ function swapSummary(event) {
   const flip = event.steps && event.steps.to_flip !== undefined ? `, to flip ${ms(event.steps.to_flip)}` : "";
   const drained = event.steps && event.steps.to_drained !== undefined ? `, to drained ${ms(event.steps.to_drained)}` : "";
   return [
-    h("p", {}, `${event.action} ${v(versions.from)} → ${v(versions.to)}: `, h("strong", { class: `result ${event.result}`, text: event.result }), ` at ${utc(event.time)}${flip}${drained}`),
+    h("p", {}, `${event.action} ${v(versions.from)} → ${v(versions.to)}: `, h("strong", { class: `result ${event.result}`, text: event.result }), " at ", when(event.time), `${flip}${drained}`),
     bars,
     event.error ? h("p", { class: "error", text: event.error }) : null,
     event.detail && event.detail.comparison ? h("p", { class: "note", text: comparison(event.detail.comparison) }) : null,
@@ -628,7 +808,7 @@ function confirmShadow(model, version, percent) {
         : `A ${percent} % sample of unversioned requests also runs on version ${version}; its answers are compared with the served ones and dropped, never sent.`,
     ],
     steps: ["load", "warmup", "flip"],
-    call: () => api("PUT", `/admin/models/${enc(model)}/shadow`, clearing ? { version: null } : { version, sample: percent / 100 }),
+    call: () => api("PUT", `/admin/models/${enc(model)}/shadow`, clearing ? { version: null } : { version, percent }),
   });
 }
 
@@ -753,7 +933,7 @@ function reportLines(report) {
   if ("from" in versions || "to" in versions) lines.push(h("p", { text: `Routing: ${v(versions.from)} → ${v(versions.to)}` }));
   if (report.routing) {
     const routing = report.routing;
-    lines.push(h("p", { text: `Now: stable ${v(routing.stable)}, previous ${v(routing.previous)}, canary ${split(routing.canary)}, shadow ${routing.shadow ? `${v(routing.shadow.version)} on ${pct(routing.shadow.sample, 0)}` : "none"} (generation ${routing.generation})` }));
+    lines.push(h("p", { text: `Now: stable ${v(routing.stable)}, previous ${v(routing.previous)}, canary ${split(routing.canary)}, shadow ${shadowText(routing.shadow)} (generation ${routing.generation})` }));
   }
   if (report.comparison) lines.push(h("p", { dataset: { field: "comparison" }, text: comparison(report.comparison) }));
   const timing = steps(report.steps);
@@ -772,7 +952,7 @@ function eventVersions(event) {
   const detail = event.detail || {};
   if ("from" in versions || "to" in versions) return `${v(versions.from)} → ${v(versions.to)}`;
   if (event.action === "traffic") return detail.canary ? `canary ${split(detail.canary)}` : "canary cleared";
-  if (event.action === "shadow") return detail.shadow ? `shadow ${v(detail.shadow.version)} on ${pct(detail.shadow.sample, 0)}` : "shadow cleared";
+  if (event.action === "shadow") return detail.shadow ? `shadow ${shadowText(detail.shadow)}` : "shadow cleared";
   if (event.action === "canary_rollback") return `canary pulled back: ${detail.bound || ""}`;
   return Object.entries(versions).map(([key, value]) => `${key} ${v(value)}`).join(", ") || "–";
 }
@@ -801,7 +981,7 @@ async function refreshEvents() {
     h(
       "tr",
       { dataset: { model: event.model, action: event.action } },
-      h("td", {}, h("time", { datetime: event.time, text: utc(event.time) })),
+      h("td", {}, when(event.time)),
       h("td", { text: event.model }),
       h("td", { text: event.action }),
       h("td", {}, h("span", { class: `result ${event.result}`, text: event.result })),
@@ -821,6 +1001,15 @@ $("login-form").addEventListener("submit", signIn);
 $("sign-out").addEventListener("click", () => {
   signedOut("Signed out.");
   history.replaceState(null, "", location.pathname);
+});
+$("models-filter").value = state.filter;
+$("models-filter").addEventListener("input", filterChanged);
+document.addEventListener("keydown", (event) => {
+  // "/" jumps to the filter, as on many sites; not while typing somewhere or with a dialog open.
+  if (event.key !== "/" || event.ctrlKey || event.metaKey || event.altKey || state.view !== "models") return;
+  if (event.target.closest("input, select, textarea, dialog")) return;
+  event.preventDefault();
+  $("models-filter").focus();
 });
 $("events-model").addEventListener("change", () => restart());
 $("events-refresh").addEventListener("click", () => restart());

@@ -1,0 +1,47 @@
+"""The ``switchyard models`` and ``tune`` tables at 80 columns: a cell too wide for its column wraps onto the next
+lines, whole, where rich would cut its end with "…"."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console, RenderableType
+
+from services.ops.models_views import models_table
+from services.ops.tune_views import trials_table
+
+PROBLEM = "version 3 failed to load: onnxruntime INVALID_GRAPH in model.onnx_exported_without_its_external_data"
+
+
+def columns_at_80(view: RenderableType) -> list[str]:
+    """Each column's body cells, read top to bottom with the spaces dropped: what a reader gets of one row."""
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    console.print(view)
+    lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert [line for line in lines if len(line) > 80] == []
+    body = lines[next(i for i, line in enumerate(lines) if line.startswith("┡")) + 1 : -1]
+    cells = [line.split("│")[1:-1] for line in body]
+    return ["".join(row[index] for row in cells).replace(" ", "") for index in range(len(cells[0]))]
+
+
+def test_models_table_keeps_every_cell_whole_when_80_columns_wide() -> None:
+    row = {"name": "resnet50_image_classifier_int8", "ready": False, "stable": 12, "previous": 11, "generation": 4096,
+           "loaded": [10, 11, 12], "available": list(range(1, 14)), "problem": PROBLEM,
+           "canary": {"version": 13, "weight": 12.5}, "shadow": {"version": 14, "percent": 50}}
+
+    cells = columns_at_80(models_table({"models": [row]}))
+
+    assert cells == ["resnet50_image_classifier_int8", "no", "12", "11", "4096", "10,11,12",
+                     ",".join(str(v) for v in range(1, 14)), PROBLEM.replace(" ", ""), "canary13@12.5%,shadow14@50%"]
+
+
+def test_trials_table_keeps_every_cell_whole_when_80_columns_wide() -> None:
+    trial = {"number": 1, "round": 1, "label": "i4 d2000us p[4,8,16,32] b64", "default": True, "measurements": [
+        {"concurrency": 32, "throughput": 12345.6, "p50_ms": 1.23, "p99_ms": 123.45, "cpu_ms_per_request": 0.123,
+         "errors": 3}]}
+    run = {"model": "resnet50_image_classifier_int8", "version": 3, "options": {"p99_ms": 25.0}, "winner": None,
+           "trials": [trial]}
+
+    cells = columns_at_80(trials_table(run))
+
+    assert cells == ["1", "1", "i4d2000usp[4,8,16,32]b64", "32", "12346", "1.23", "123.45", "0.123", "current3errors"]
