@@ -80,7 +80,9 @@ def _why_none(stats: RequestStats, name: str, calls_before: Mapping[str, Sequenc
     if first is not None:
         return f"every call failed: {_describe(first)}"
     known = sorted({n for n, _ in stats.entries})
-    return f"no entry of that name (entries: {', '.join(known) or 'none'})"
+    # Locust splits the users by weight (the ops user first, then HTTP 2 : gRPC 1): with few users a kind may get none.
+    return (f"no entry of that name (entries: {', '.join(known) or 'none'}); if no user of the kind that sends it ran, "
+            "raise the user count (--users, USERS=4 or more runs every kind)")
 
 
 def _first_failure(errors: Iterable[StatsError]) -> StatsError | None:

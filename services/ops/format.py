@@ -122,11 +122,12 @@ def listed(values: Any) -> str:
 
 
 def when(iso: Any, *, precise: bool = False) -> str:
-    """The gateway's UTC ISO times, shorter; as they came when they do not parse."""
+    """The gateway's UTC ISO times in the console's one form, ``2026-12-04 15:35:43Z`` (``precise``: to the
+    microsecond, to match a flip with request logs); as they came when they do not parse."""
     if iso is None:
         return ""
     try:
         moment = dt.datetime.fromisoformat(str(iso)).astimezone(dt.UTC)
     except ValueError:
         return str(iso)
-    return moment.strftime("%Y-%m-%d %H:%M:%S.%f" if precise else "%Y-%m-%d %H:%M:%S") + " UTC"
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f" if precise else "%Y-%m-%d %H:%M:%S") + "Z"

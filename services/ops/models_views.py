@@ -98,6 +98,9 @@ def status_view(data: JSONObject) -> RenderableType:
     after = Table.grid(padding=(0, 2))
     after.add_row("on disk, not loaded", fmt.listed(idle) or "none")
     after.add_row("policy selects", fmt.listed(data.get("selected_by_policy")) or "none")
+    unreleased = data.get("unreleased") or []
+    if unreleased:  # why a restart with no routing state would not serve them: only an activation does
+        after.add_row("not released", f"{fmt.listed(unreleased)} (served unversioned only once activated)")
     after.add_row("action now", Text(fmt.running(data.get("action")) or "none"))
     last = data.get("last_action")
     after.add_row("last action", fmt.report_line(last, last and traffic_views.report_head(last)))

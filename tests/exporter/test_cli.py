@@ -28,6 +28,15 @@ def test_cli_export_prints_summary_when_export_succeeds(repo: Path) -> None:
     assert "probabilities" in done.stdout
     assert "parity against eager PyTorch" in done.stderr
     assert (repo / "mlp" / "1" / "model.onnx").exists()
+    caption = next(line for line in done.stdout.splitlines() if "parity at batch sizes" in line)
+    assert caption.strip().endswith("]"), caption  # nothing dangling after the last item
+    assert "not released" not in done.stdout  # a model's first version is released
+
+    second = switchyard("export", "examples.models:build_mlp", "--name", "mlp", "--repository", str(repo),
+                        "--input", "features:FP32:32", "--version-policy", "all")
+    assert second.returncode == 0, second.stderr
+    assert ("version 2 is not released: it serves unversioned requests once activated (switchyard models activate "
+            "mlp 2)") in " ".join(second.stdout.split())
 
 
 def test_cli_export_prints_one_paragraph_without_traceback_when_input_is_bad(repo: Path) -> None:

@@ -113,6 +113,8 @@ async def test_first_boot_serves_the_released_version_not_the_newer_unreleased_e
         pinned = await client.post("/v2/models/double/versions/3/infer", json={
             "inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
         assert pinned.status_code == 200  # loaded (the policy selects it), served only when asked by number
+        status = (await client.get("/admin/models/double", headers=ADMIN)).json()
+        assert (status["available"], status["unreleased"]) == ([1, 2, 3], [3])
         events = (await client.get("/admin/models/double/events", headers=ADMIN)).json()["events"]
         assert events[-1]["detail"]["rule"].startswith("the highest released version the version policy selects")
         activated = await client.post("/admin/models/double/versions/3/activate", headers=ADMIN)

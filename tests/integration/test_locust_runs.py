@@ -23,7 +23,8 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 @pytest.fixture(scope="module")
 def gateway(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     work = tmp_path_factory.mktemp("locust-gateway")
-    shutil.copytree(repository / "mlp", work / "repository" / "mlp")
+    for model in ("mlp", "classifier"):
+        shutil.copytree(repository / model, work / "repository" / model)
     with gateway_process(work / "repository", work, token=TOKEN) as running:
         yield running
 
@@ -94,13 +95,16 @@ def test_locust_run_passes_its_gates_when_the_ops_user_switches_versions_under_l
 def test_locust_run_exits_nonzero_naming_each_gate_and_its_cause_when_the_bounds_cannot_hold(
     gateway: GatewayProcess, tmp_path: Path
 ) -> None:
-    # An impossible p99 for HTTP, and gRPC sent to a port where nothing listens: its gate gets no requests.
+    # An impossible p99 for HTTP, and gRPC sent to a port where nothing listens: its gate gets no requests. The
+    # classifier, whose answers take milliseconds: locust rounds times under 100 ms to whole milliseconds, so the tiny
+    # mlp's p99 on an idle machine can read 0 ms and pass any bound.
     closed = f"127.0.0.1:{free_port()}"
     run = run_locust(
         gateway.http_url,
         closed,
         tmp_path,
-        ["--model=mlp", "--ops-interval=0", "--slo-error-ratio=0", "--slo-p99-ms=infer-json=0.001,grpc-infer=1000"],
+        ["--model=classifier", "--ops-interval=0", "--slo-error-ratio=0",
+         "--slo-p99-ms=infer-json=0.001,grpc-infer=1000"],
         seconds=4,
         users=3,  # the idle ops user, one HTTP user, one gRPC user
     )

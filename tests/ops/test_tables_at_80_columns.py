@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console, RenderableType
 
-from services.ops.models_views import models_table
+from services.ops.models_views import models_table, status_view
 from services.ops.tune_views import trials_table
 
 PROBLEM = "version 3 failed to load: onnxruntime INVALID_GRAPH in model.onnx_exported_without_its_external_data"
@@ -45,3 +45,15 @@ def test_trials_table_keeps_every_cell_whole_when_80_columns_wide() -> None:
     cells = columns_at_80(trials_table(run))
 
     assert cells == ["1", "1", "i4d2000usp[4,8,16,32]b64", "32", "12346", "1.23", "123.45", "0.123", "current3errors"]
+
+
+def test_status_names_the_versions_not_released_and_what_serves_them() -> None:
+    status = {"name": "mlp", "platform": "onnxruntime_onnx", "ready": True, "traffic": None, "loaded": [],
+              "routing": {"stable": 2, "previous": None, "generation": 1, "updated_at": "2026-12-05T01:03:51+00:00"},
+              "available": [1, 2, 3], "unreleased": [3], "selected_by_policy": [1, 2, 3], "problem": None,
+              "action": None, "last_action": None}
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    console.print(status_view(status))
+    text = " ".join(console.file.getvalue().split())  # type: ignore[attr-defined]
+    assert "not released 3 (served unversioned only once activated)" in text
+    assert "updated 2026-12-05 01:03:51Z" in text

@@ -35,6 +35,7 @@ def model_status(manager: VersionManager, model: str) -> dict[str, Any]:
         "routing": record.to_json() if record is not None else None,
         "loaded": loaded,
         "available": list(entry.available),
+        "unreleased": [v for v in entry.available if v not in entry.released],
         "selected_by_policy": list(entry.selected),
         "problem": None if manager.router.ready(model) else manager.router.problem(model),
         "action": running.to_json() if running is not None else None,
@@ -58,6 +59,7 @@ def overview(manager: VersionManager) -> dict[str, Any]:
                 "shadow": routing.get("shadow"),
                 "loaded": [v["version"] for v in status["loaded"]],
                 "available": status["available"],
+                "unreleased": status["unreleased"],
                 "problem": status["problem"],
                 "action": status["action"],
             }

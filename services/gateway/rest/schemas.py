@@ -193,6 +193,10 @@ class AdminModel(_Open):
     ready: bool
     loaded: list[LoadedVersion]
     available: list[int]
+    unreleased: list[int] = Field(
+        description="Versions on disk the exporter published unreleased: a start with no routing state never makes "
+                    "one stable; an activation does."
+    )
 
 
 class AdminEvents(_Closed):

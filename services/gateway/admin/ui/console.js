@@ -606,6 +606,8 @@ function versionsTable(card, status) {
     if (version === routing.previous) roles.push("previous");
     if (routing.canary && version === routing.canary.version) roles.push(`canary ${share(routing.canary.weight)} %`);
     if (routing.shadow && version === routing.shadow.version) roles.push("shadow");
+    // Not released by its export: a start with no routing state never makes it stable, an activation does.
+    if ((status.unreleased || []).includes(version) && version !== routing.stable) roles.push("not released");
     const onDisk = status.available.includes(version);
     const act = (verb, handler) =>
       h("button", { type: "button", id: `${card.id}-${verb.toLowerCase()}-${version}`, "aria-label": `${verb} version ${version} of ${card.name}`, onclick: handler }, verb);
