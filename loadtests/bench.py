@@ -1,7 +1,8 @@
-"""`make bench`: in-process onnxruntime vs the gateway (HTTP binary, HTTP JSON, gRPC) vs a naive FastAPI endpoint
-vs the floors of a Python server (a bare ASGI app and a bare grpc.aio server that parse the request and answer a
-fixed response: http_floor.py, grpc_floor.py) vs a local Triton's own HTTP front end (when `make install` put one
-under .triton/), for both example models, in one run on loopback. Prints a table with each server's CPU per
+"""`make bench`: in-process onnxruntime vs the gateway (HTTP binary, HTTP JSON, gRPC; on the tiny model also gRPC
+requests on ModelStreamInfer streams, one per client) vs a naive FastAPI endpoint vs the floors of a Python server
+(a bare ASGI app and a bare grpc.aio server, unary and streaming, that parse the request and answer a fixed
+response: http_floor.py, grpc_floor.py) vs a local Triton's own HTTP front end (when `make install` put one under
+.triton/), for both example models, in one run on loopback. Prints a table with each server's CPU per
 request and the ratios the issues target, and writes a PNG (throughput and p99 vs concurrency).
 
 Each measurement is a bounded closed loop: N clients, each sending its next request when the previous answer
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import uvloop
-from clients import binary_body, json_body, run_grpc, run_http
+from clients import binary_body, json_body, run_grpc, run_grpc_stream, run_http
 from cpu import cpu_seconds, process_group
 from inprocess import run_inprocess
 from naive_app import serve_naive
@@ -38,6 +39,9 @@ from tritonclient.grpc import service_pb2
 from workload import MODELS, ROOT, ensure_repository, export_first_versions, latest_onnx
 
 from services.tritonlocal import LocalTriton, TritonInstall
+
+STREAMED = "mlp"
+"""The model whose gRPC requests also run on streams: on the tiny one, the per-request cost of the front end shows."""
 
 
 async def measure(
@@ -79,6 +83,11 @@ async def measure(
                     triton = urls["triton"] + infer
                     runs.append(("triton-json", "triton", run_http(triton, plain, json_headers, c, d, w)))
                 runs.append(("naive-json", "naive", run_http(naive, naive_body, json_headers, c, d, w)))
+                if model == STREAMED:  # the stream beside both its floor and the unary calls it is compared with
+                    runs[1:1] = [
+                        ("floor-grpc-stream", "grpc-floor", run_grpc_stream(urls["grpc-floor"], request, c, d, w)),
+                        ("grpc-stream", "gateway", run_grpc_stream(urls["grpc"], request, c, d, w)),
+                    ]
                 if concurrency == top:  # the ceiling next to the gateway's runs, not minutes before them
                     runs.insert(1, ("in-process b32", "", _inprocess(model, ceilings[model], args)))
                 for mode, server, run in runs if round_index % 2 == 0 else reversed(runs):
@@ -89,7 +98,7 @@ async def measure(
                     spent = cpu_seconds(watched) - before
                     if not server:
                         result = Result(model, mode, 32, count, seconds, latencies, 32, round=round_index)
-                        print(f"  {model:<10} {mode:<14} {result.throughput:8.0f} rows/s "
+                        print(f"  {model:<10} {mode:<17} {result.throughput:8.0f} rows/s "
                               f"p50 {result.percentile(50):6.2f} ms", flush=True)
                         results.append(result)
                         continue
@@ -98,7 +107,7 @@ async def measure(
                     result.cpu_ms = spent * 1e3 / max(result.throughput * (seconds + args.warmup), 1.0)
                     results.append(result)
                     print(
-                        f"  {model:<10} {mode:<14} c={concurrency:<3} {result.throughput:8.0f} rows/s "
+                        f"  {model:<10} {mode:<17} c={concurrency:<3} {result.throughput:8.0f} rows/s "
                         f"p50 {result.percentile(50):6.2f} ms p99 {result.percentile(99):6.2f} ms "
                         f"CPU {result.cpu_ms:.3f} ms/req",
                         flush=True,

@@ -2,6 +2,11 @@
 over gRPC (tritonclient.grpc.aio on both sides) and HTTP with binary tensors, at 1 and 32 concurrent
 clients, for both example models. Prints a table and the ratios the Triton issue targets.
 
+At the top client count the tiny model also runs on gRPC streams (``ModelStreamInfer`` through tritonclient's
+``stream_infer``, one stream per client): ``triton-grpc-stream`` straight to Triton's own streaming front end,
+``gateway-grpc-stream`` through the gateway. They run after everything else, and a failed stream run (the local CPU
+Triton's python backend has crashed under them) leaves them out of the report instead of ending the bench.
+
 ``floor-grpc`` is loadtests/grpc_floor.py, a grpc.aio pass-through that parses nothing: what one Python gRPC
 hop costs here, whatever the gateway does. The CPU columns are milliseconds of CPU per request spent by the
 hop (gateway or floor), by Triton (server and python-backend stubs) and by this load generator, read from
@@ -20,11 +25,14 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
+import grpc
 import numpy as np
 import uvloop
-from clients import binary_body, run_http, run_tritonclient_grpc
+from clients import StreamAnswerError, binary_body, run_http, run_tritonclient_grpc, run_tritonclient_stream
 from cpu import Processes, Usage, cpu_seconds
 from options import bench_parser
 from processes import free_port, gateway_command, grpc_process, process
@@ -35,6 +43,11 @@ from workload import MODELS, ROOT, ensure_repository, export_all_versions
 from services.tritonlocal import LocalTriton
 
 MODES = ("triton-grpc", "gateway-grpc", "floor-grpc", "triton-http", "gateway-http")
+STREAM_MODES = ("triton-grpc-stream", "gateway-grpc-stream")
+STREAMED = "mlp"
+"""The model (at the top client count only) whose requests also run on streams: kept to one level, the run stays
+short, and the tiny model shows the front ends' own cost."""
+Run = Coroutine[Any, Any, tuple[int, float, list[float]]]
 
 
 async def measure(
@@ -44,43 +57,73 @@ async def measure(
     results: list[Result] = []
     cpu: dict[tuple[str, str, int], Usage] = {}
     rng = np.random.default_rng(1)
-    for model in args.models:
-        name, shape = MODELS[model]
-        row = rng.standard_normal((1, *shape)).astype(np.float32)
+    rows = {model: rng.standard_normal((1, *MODELS[model][1])).astype(np.float32) for model in args.models}
+    for model, row in rows.items():
+        name = MODELS[model][0]
         body, headers = binary_body(name, row)
         for concurrency in args.concurrency:
-            rounds: dict[str, list[tuple[Result, Usage]]] = {mode: [] for mode in MODES}
-            for round_index in range(args.rounds):
-                # Alternate direct and gateway, and flip the order every round, so drift hits both alike.
-                order = MODES if round_index % 2 == 0 else tuple(reversed(MODES))
-                for mode in order:
-                    target = http if mode == "gateway-http" else f"http://{triton.http_url}"
-                    if mode.endswith("grpc"):
-                        run = run_tritonclient_grpc(targets[mode], model, name, row, concurrency, args.duration,
-                                                    args.warmup)
-                    else:
-                        run = run_http(f"{target}/v2/models/{model}/infer", body, headers, concurrency, args.duration,
-                                       args.warmup)
-                    hop, server = procs.hop(mode), procs.triton_group()
-                    before = (cpu_seconds(hop), cpu_seconds(server), time.process_time())
-                    count, seconds, latencies = await run
-                    after = (cpu_seconds(hop), cpu_seconds(server), time.process_time())
-                    result = Result(model, mode, concurrency, count, seconds, latencies)
-                    # The CPU was read around warmup + measured window: spread it over that many requests.
-                    sent = max(result.throughput * (seconds + args.warmup), 1.0)
-                    hop_ms, triton_ms, client_ms = ((b - a) * 1e3 / sent for a, b in zip(before, after, strict=True))
-                    usage = (hop_ms, triton_ms, client_ms)
-                    rounds[mode].append((result, usage))
-                    print(f"  {model:<10} {mode:<13} c={concurrency:<3} {result.throughput:7.0f} req/s "
-                          f"p50 {result.percentile(50):6.2f} ms p99 {result.percentile(99):6.2f} ms "
-                          f"max {max(latencies, default=0):6.0f} ms | CPU ms/req hop {usage[0]:.2f} "
-                          f"triton {usage[1]:.2f} client {usage[2]:.2f}", flush=True)
-            for mode in MODES:
-                ranked = sorted(rounds[mode], key=lambda pair: pair[0].throughput)
-                median, usage = ranked[len(ranked) // 2]
-                results.append(median)
-                cpu[(model, mode, concurrency)] = usage
+
+            def unary(mode: str, model: str = model, name: str = name, row: np.ndarray = row,
+                      concurrency: int = concurrency, body: bytes = body, headers: dict[str, str] = headers) -> Run:
+                if mode.endswith("grpc"):
+                    return run_tritonclient_grpc(targets[mode], model, name, row, concurrency, args.duration,
+                                                 args.warmup)
+                target = http if mode == "gateway-http" else f"http://{triton.http_url}"
+                return run_http(f"{target}/v2/models/{model}/infer", body, headers, concurrency, args.duration,
+                                args.warmup)
+
+            await _measure_level(args, procs, (model, concurrency), MODES, unary, (results, cpu))
+    if STREAMED in rows:
+        # Last, so that a front end failing under streams (see docs/benchmarks.md) costs none of the runs above.
+        top, name = max(args.concurrency), MODELS[STREAMED][0]
+
+        def streamed(mode: str) -> Run:
+            return run_tritonclient_stream(targets[mode.removesuffix("-stream")], STREAMED, name, rows[STREAMED],
+                                           top, args.duration, args.warmup)
+
+        try:
+            await _measure_level(args, procs, (STREAMED, top), STREAM_MODES, streamed, (results, cpu))
+        except (grpc.RpcError, StreamAnswerError) as exc:
+            print(f"  the stream runs failed and are left out of the report: {exc}", flush=True)
     return results, cpu
+
+
+async def _measure_level(
+    args: argparse.Namespace,
+    procs: Processes,
+    level: tuple[str, int],
+    modes: tuple[str, ...],
+    run_of: Callable[[str], Run],
+    into: tuple[list[Result], dict[tuple[str, str, int], Usage]],
+) -> None:
+    """``args.rounds`` alternating rounds of ``modes`` at one (model, concurrency); each mode's median round goes
+    ``into`` the results and CPU figures, only once every round of every mode ran."""
+    model, concurrency = level
+    rounds: dict[str, list[tuple[Result, Usage]]] = {mode: [] for mode in modes}
+    for round_index in range(args.rounds):
+        # Alternate direct and gateway, and flip the order every round, so drift hits both alike.
+        for mode in modes if round_index % 2 == 0 else tuple(reversed(modes)):
+            run = run_of(mode)
+            hop, server = procs.hop(mode), procs.triton_group()
+            before = (cpu_seconds(hop), cpu_seconds(server), time.process_time())
+            count, seconds, latencies = await run
+            after = (cpu_seconds(hop), cpu_seconds(server), time.process_time())
+            result = Result(model, mode, concurrency, count, seconds, latencies)
+            # The CPU was read around warmup + measured window: spread it over that many requests.
+            sent = max(result.throughput * (seconds + args.warmup), 1.0)
+            hop_ms, triton_ms, client_ms = ((b - a) * 1e3 / sent for a, b in zip(before, after, strict=True))
+            usage = (hop_ms, triton_ms, client_ms)
+            rounds[mode].append((result, usage))
+            print(f"  {model:<10} {mode:<19} c={concurrency:<3} {result.throughput:7.0f} req/s "
+                  f"p50 {result.percentile(50):6.2f} ms p99 {result.percentile(99):6.2f} ms "
+                  f"max {max(latencies, default=0):6.0f} ms | CPU ms/req hop {usage[0]:.2f} "
+                  f"triton {usage[1]:.2f} client {usage[2]:.2f}", flush=True)
+    results, cpu = into
+    for mode in modes:
+        ranked = sorted(rounds[mode], key=lambda pair: pair[0].throughput)
+        median, usage = ranked[len(ranked) // 2]
+        results.append(median)
+        cpu[(model, mode, concurrency)] = usage
 
 
 def main() -> None:

@@ -1,13 +1,15 @@
 """The load clients: a bounded closed loop of N clients, driven over raw HTTP/1.1 (binary or JSON bodies), the
-KServe v2 gRPC stub, or tritonclient's gRPC client. Each run returns (requests, measured seconds, latencies ms).
+KServe v2 gRPC stub, or tritonclient's gRPC client, unary or on ``ModelStreamInfer`` streams (one per client). Each
+run returns (requests, measured seconds, latencies ms).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -19,12 +21,20 @@ from tritonclient.grpc import service_pb2_grpc
 async def closed_loop(
     send: Callable[[], Awaitable[None]], concurrency: int, duration: float, warmup: float
 ) -> tuple[int, float, list[float]]:
+    """``concurrency`` clients sharing one ``send`` (which picks a free connection when it needs one)."""
+    return await closed_loops([send] * concurrency, duration, warmup)
+
+
+async def closed_loops(
+    sends: list[Callable[[], Awaitable[None]]], duration: float, warmup: float
+) -> tuple[int, float, list[float]]:
+    """One client per ``send``, each sending its next request when the previous one was answered."""
     latencies: list[float] = []
     clock = time.perf_counter  # uvloop's loop.time() only has millisecond resolution
     measure_from = clock() + warmup
     stop = measure_from + duration
 
-    async def client() -> None:
+    async def client(send: Callable[[], Awaitable[None]]) -> None:
         while True:
             began = clock()
             if began >= stop:
@@ -34,7 +44,7 @@ async def closed_loop(
             if began >= measure_from:
                 latencies.append((ended - began) * 1e3)
 
-    await asyncio.gather(*(client() for _ in range(concurrency)))
+    await asyncio.gather(*(client(send) for send in sends))
     measured = clock() - measure_from
     return len(latencies), measured, latencies
 
@@ -128,4 +138,85 @@ async def run_tritonclient_grpc(
     try:
         return await closed_loop(send, concurrency, duration, warmup)
     finally:
+        await client.close()
+
+
+class StreamAnswerError(RuntimeError):
+    """A stream answered a request with an error, or ended instead of answering: the run would measure failures."""
+
+
+def stream_answer(message: Any) -> Any:
+    """The ``ModelInferResponse`` in a ``ModelStreamInferResponse`` read off a stream, or StreamAnswerError."""
+    if message is grpc.aio.EOF:
+        raise StreamAnswerError("the stream ended before answering its request (expected one answer per request)")
+    if message.error_message:
+        raise StreamAnswerError(f"the stream answered with an error instead of outputs: {message.error_message}")
+    return message.infer_response
+
+
+async def run_grpc_stream(
+    target: str, request: Any, concurrency: int, duration: float, warmup: float
+) -> tuple[int, float, list[float]]:
+    """Closed loop with the generated stub, each client on a ``ModelStreamInfer`` stream of its own, opened before
+    the run and kept for all of it: a prebuilt request written, its answer read, the next request written."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        streams = [stub.ModelStreamInfer() for _ in range(concurrency)]
+        await asyncio.gather(*(stream.wait_for_connection() for stream in streams))
+
+        def sender(stream: Any) -> Callable[[], Awaitable[None]]:
+            async def send() -> None:
+                await stream.write(request)
+                stream_answer(await stream.read())
+
+            return send
+
+        try:
+            return await closed_loops([sender(stream) for stream in streams], duration, warmup)
+        finally:
+            await asyncio.gather(*(_half_close(stream) for stream in streams), return_exceptions=True)
+
+
+async def _half_close(stream: Any) -> None:
+    """Ends a stream as a client should: no more requests, then its end read (the server may still log otherwise)."""
+    await stream.done_writing()
+    while await stream.read() is not grpc.aio.EOF:
+        pass
+
+
+async def run_tritonclient_stream(
+    target: str, model: str, name: str, row: np.ndarray, concurrency: int, duration: float, warmup: float
+) -> tuple[int, float, list[float]]:
+    """Closed loop through tritonclient.grpc.aio's ``stream_infer``, each client on a stream of its own: the stream
+    client a Triton user would call."""
+    client = grpcaio.InferenceServerClient(target)
+    tensor = grpcaio.InferInput(name, list(row.shape), "FP32")
+    tensor.set_data_from_numpy(row)
+    inputs = {"model_name": model, "inputs": [tensor]}
+    queues: list[asyncio.Queue[dict[str, Any] | None]] = [asyncio.Queue() for _ in range(concurrency)]
+
+    async def requests(queue: asyncio.Queue[dict[str, Any] | None]) -> AsyncIterator[dict[str, Any]]:
+        while (item := await queue.get()) is not None:
+            yield item
+
+    answers = [client.stream_infer(requests(queue)) for queue in queues]
+
+    def sender(queue: asyncio.Queue[dict[str, Any] | None], answer: Any) -> Callable[[], Awaitable[None]]:
+        async def send() -> None:
+            queue.put_nowait(inputs)
+            _, error = await anext(answer)
+            if error is not None:
+                raise StreamAnswerError(f"the stream answered with an error instead of outputs: {error}")
+
+        return send
+
+    try:
+        return await closed_loops([sender(q, a) for q, a in zip(queues, answers, strict=True)], duration, warmup)
+    finally:
+        for queue in queues:
+            queue.put_nowait(None)  # the request iterator ends: the client half-closes the stream
+        for answer in answers:
+            with contextlib.suppress(StopAsyncIteration, grpc.RpcError):
+                while True:
+                    await anext(answer)
         await client.close()

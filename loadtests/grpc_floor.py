@@ -3,7 +3,9 @@
 - ``pass-through``: forwards each ``ModelInfer`` request's bytes to Triton and Triton's bytes back, parsing nothing,
   checking nothing, counting nothing: what one Python gRPC hop costs in front of Triton (bench_triton.py).
 - ``answer``: parses each request into the protobuf message, reads its first input as a float32 numpy array and
-  answers a prebuilt response: what a gRPC inference call costs in Python before any model runs (bench.py).
+  answers a prebuilt response: what a gRPC inference call costs in Python before any model runs (bench.py). The same
+  server answers ``ModelStreamInfer`` the same way, each request message on a stream with a prebuilt stream response:
+  what a request on an open stream costs in Python, without a call's setup.
 
 ``make bench`` runs them beside the gateway so that the gateway's cost splits into what the Python gRPC stack costs
 on this machine and what the gateway adds on top. Not part of the product.
@@ -14,6 +16,7 @@ Usage: ``python loadtests/grpc_floor.py TRITON_HOST:PORT LISTEN_PORT`` or ``pyth
 from __future__ import annotations
 
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -24,11 +27,19 @@ from tritonclient.grpc import service_pb2
 SERVICE = "inference.GRPCInferenceService"
 
 
-def _answer() -> bytes:
+def _response() -> Any:
     response = service_pb2.ModelInferResponse(model_name="floor", model_version="1")
     response.outputs.add(name="y", datatype="FP32", shape=[1, 1])
     response.raw_output_contents.append(np.zeros(1, np.float32).tobytes())
-    return bytes(response.SerializeToString())
+    return response
+
+
+def _stream_answer() -> bytes:
+    """A stream's answer carries the final-response flag, as the gateway's and Triton's do."""
+    message = service_pb2.ModelStreamInferResponse()
+    message.infer_response.CopyFrom(_response())
+    message.infer_response.parameters["triton_final_response"].bool_param = True
+    return bytes(message.SerializeToString())
 
 
 async def serve(port: int, target: str | None) -> None:
@@ -40,19 +51,29 @@ async def serve(port: int, target: str | None) -> None:
         async def model_infer(request: bytes, context: Any) -> bytes:
             return await forward(request)
 
-        handler: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(model_infer)
+        handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+            "ModelInfer": grpc.unary_unary_rpc_method_handler(model_infer)
+        }
     else:
-        answer = _answer()
+        answer = bytes(_response().SerializeToString())
+        stream_answer = _stream_answer()
 
         async def answered(request: Any, context: Any) -> bytes:
             np.frombuffer(request.raw_input_contents[0], dtype=np.float32)
             return answer
 
-        handler = grpc.unary_unary_rpc_method_handler(
-            answered, request_deserializer=service_pb2.ModelInferRequest.FromString
-        )
+        async def streamed(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[bytes]:
+            async for request in requests:
+                np.frombuffer(request.raw_input_contents[0], dtype=np.float32)
+                yield stream_answer
+
+        parse = service_pb2.ModelInferRequest.FromString
+        handlers = {
+            "ModelInfer": grpc.unary_unary_rpc_method_handler(answered, request_deserializer=parse),
+            "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(streamed, request_deserializer=parse),
+        }
     server = grpc.aio.server()
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"ModelInfer": handler}),))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     print(f"grpc floor on 127.0.0.1:{port} ({'-> ' + target if target else 'answering itself'})", flush=True)

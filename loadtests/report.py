@@ -34,11 +34,11 @@ def print_report(results: list[Result]) -> None:
     mode's median round; each ratio pairs the runs of one round, and its target reads the median of those."""
     table = median_rounds(results)
     print()
-    print(f"{'model':<11} {'mode':<16} {'conc':>4} {'rows/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>10}")
+    print(f"{'model':<11} {'mode':<17} {'conc':>4} {'rows/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>10}")
     for r in table:
         cpu = "" if r.cpu_ms is None else f"{r.cpu_ms:.3f}"
         print(
-            f"{r.model:<11} {r.mode:<16} {r.concurrency:>4} {r.throughput:>9.0f} "
+            f"{r.model:<11} {r.mode:<17} {r.concurrency:>4} {r.throughput:>9.0f} "
             f"{r.percentile(50):>8.2f} {r.percentile(99):>8.2f} {cpu:>10}"
         )
 
@@ -67,7 +67,9 @@ def print_report(results: list[Result]) -> None:
             verdict = "ok" if statistics.median(values) >= target else "MISSED"
             print(f"  {label}: {_rounds(values)} (target >= {target}x) {verdict}")
     print_cpu_targets(paired(results, ("mlp", "http-json", top), ("mlp", "floor-json", top)),
-                      paired(results, ("mlp", "grpc", top), ("mlp", "floor-grpc", top)))  # fmt: skip
+                      paired(results, ("mlp", "grpc", top), ("mlp", "floor-grpc", top)),
+                      paired(results, ("mlp", "grpc-stream", top), ("mlp", "floor-grpc-stream", top)))  # fmt: skip
+    print_stream_vs_unary("mlp", top, paired(results, ("mlp", "grpc-stream", top), ("mlp", "grpc", top)))
     naive = get("mlp", "naive-json", top)
     for mode in ("http-binary", "grpc", "http-json"):
         gateway = get("mlp", mode, top)
@@ -86,11 +88,25 @@ def print_report(results: list[Result]) -> None:
             print(f"  mlp 1 client, {mode}: p50 adds {added:.2f} ms over the in-process call (target <= 1.5) {verdict}")
 
 
-def print_cpu_targets(json: list[tuple[Result, Result]], grpc: list[tuple[Result, Result]]) -> None:
-    """The gateway's CPU per request against the floors of a Python server (bare ASGI / grpc.aio apps), as
-    (gateway, floor) runs of the same round."""
+def print_cpu_targets(
+    json: list[tuple[Result, Result]], grpc: list[tuple[Result, Result]], stream: list[tuple[Result, Result]]
+) -> None:
+    """The gateway's CPU per request against the floors of a Python server (bare ASGI / grpc.aio apps, and a bare
+    grpc.aio stream), as (gateway, floor) runs of the same round."""
     _cpu_target("mlp HTTP JSON", "HTTP floor", json, 2.0, 0.10)
     _cpu_target("mlp gRPC", "grpc.aio floor", grpc, 1.3, None)
+    _cpu_target("mlp gRPC stream", "stream floor", stream, 1.3, None)
+
+
+def print_stream_vs_unary(model: str, concurrency: int, pairs: list[tuple[Result, Result]]) -> None:
+    """What a stream saves over unary calls on the gateway, from (stream, unary) runs of the same round: no target,
+    the figure the stream's users weigh it by."""
+    if not pairs:
+        return
+    throughput = [stream.throughput / unary.throughput for stream, unary in pairs]
+    cpu = [stream.cpu_ms / unary.cpu_ms for stream, unary in pairs if stream.cpu_ms and unary.cpu_ms]
+    cpu_text = f", {_rounds(cpu)} the CPU per request" if cpu else ""
+    print(f"  {model} gRPC stream vs unary at {concurrency} clients: {_rounds(throughput)} the req/s{cpu_text}")
 
 
 def _cpu_target(
@@ -114,12 +130,12 @@ def print_triton_report(results: list[Result], cpu: dict[tuple[str, str, int], U
     def get(model: str, mode: str, concurrency: int) -> Result:
         return next(r for r in results if (r.model, r.mode, r.concurrency) == (model, mode, concurrency))
 
-    print(f"\n{'model':<11} {'mode':<13} {'conc':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}   CPU ms/req: "
+    print(f"\n{'model':<11} {'mode':<19} {'conc':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}   CPU ms/req: "
           f"{'hop':>5} {'triton':>6} {'client':>6}")
     for r in results:
         p50, p99 = r.percentile(50), r.percentile(99)
         hop, server, client = cpu[(r.model, r.mode, r.concurrency)]
-        print(f"{r.model:<11} {r.mode:<13} {r.concurrency:>4} {r.throughput:>8.0f} {p50:>8.2f} {p99:>8.2f}"
+        print(f"{r.model:<11} {r.mode:<19} {r.concurrency:>4} {r.throughput:>8.0f} {p50:>8.2f} {p99:>8.2f}"
               f"               {hop:>5.2f} {server:>6.2f} {client:>6.2f}")
     top, low = max(r.concurrency for r in results), min(r.concurrency for r in results)
     print("\nGateway vs direct Triton (targets: throughput >= 0.9x at 32 clients, p50 adds <= 1 ms at 1 client):")
@@ -150,3 +166,20 @@ def print_triton_report(results: list[Result], cpu: dict[tuple[str, str, int], U
             hop = cpu[(model, f"gateway-{protocol}", top)][0]
             verdict = f" ({'ok' if hop <= 0.25 else 'MISSED'})" if (model, protocol) == ("mlp", "http") else ""
             print(f"  {model:<10} {protocol:<4}: {hop:.2f} ms at {top} clients{verdict}")
+    _print_triton_streams(results, cpu)
+
+
+def _print_triton_streams(results: list[Result], cpu: dict[tuple[str, str, int], Usage]) -> None:
+    """The gateway's stream (Triton backend) against Triton's own streaming front end, and against its unary calls,
+    for the model and client count that ran on streams."""
+    for r in results:
+        if r.mode != "gateway-grpc-stream":
+            continue
+        runs = {m.mode: m for m in results if (m.model, m.concurrency) == (r.model, r.concurrency)}
+        direct, unary = runs["triton-grpc-stream"], runs["gateway-grpc"]
+        hop, unary_hop = cpu[(r.model, r.mode, r.concurrency)][0], cpu[(r.model, "gateway-grpc", r.concurrency)][0]
+        print(f"gRPC streams ({r.model}, {r.concurrency} clients, one stream each): the gateway's "
+              f"{r.throughput:.0f} req/s, {r.throughput / direct.throughput:.2f}x Triton's own stream "
+              f"({direct.throughput:.0f} req/s), p50 {r.percentile(50):.2f} vs {direct.percentile(50):.2f} ms; "
+              f"vs the gateway's unary calls {r.throughput / unary.throughput:.2f}x the req/s, its own CPU "
+              f"{hop:.2f} vs {unary_hop:.2f} ms per request")

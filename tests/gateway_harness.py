@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import onnxruntime as ort
 import uvicorn
@@ -27,6 +28,7 @@ from services.modelrepo.config import read_config
 from tests.slow_work import slow_work
 
 Reference = Callable[[str, int, dict[str, Array]], dict[str, Array]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class RunningGateway:
     registry: CollectorRegistry
     http_port: int
     grpc_port: int
+    loop: asyncio.AbstractEventLoop | None = None
+    """The event loop the gateway runs on (its own thread)."""
 
     @property
     def http_url(self) -> str:
@@ -48,6 +52,12 @@ class RunningGateway:
         """A sample from the gateway's registry; 0 when the series does not exist yet."""
         value = self.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value
+
+    async def on_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Await ``coroutine`` on the gateway's own event loop, where its dataplane, manager and backend live (their
+        asyncio and grpc.aio objects belong to that loop)."""
+        assert self.loop is not None, "running_gateway() sets the loop"
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self.loop))
 
 
 @contextmanager
@@ -82,7 +92,8 @@ def _serve(
         time.sleep(0.05)
     http_port = int(server.servers[0].sockets[0].getsockname()[1])
     try:
-        yield RunningGateway(app, registry, http_port, int(app.state.grpc_port or 0))
+        loop = server.servers[0].get_loop()
+        yield RunningGateway(app, registry, http_port, int(app.state.grpc_port or 0), loop)
     finally:
         server.should_exit = True
         thread.join(timeout=30)

@@ -19,6 +19,7 @@ SESSION_TRITON = "tests/triton/ (session Triton)"
 SHARED = dict.fromkeys(
     (
         "tests/triton/test_deadlines.py",
+        "tests/triton/test_decoupled_triton.py",
         "tests/triton/test_hostile_shared_memory_triton.py",
         "tests/triton/test_http_transport.py",
         "tests/triton/test_import_boundaries.py",

@@ -26,6 +26,7 @@ from services.gateway.repository import Catalog, RepositoryError
 from services.gateway.repository_api import RepositoryApi, RepositoryAuth
 from services.gateway.rest import Endpoints, add_routes
 from services.gateway.rest.app import add_v2_routes
+from services.gateway.rest.generate import generate_routes
 from services.gateway.rest.lane import GatewayApp, InferLane
 from services.gateway.rest.openapi import install_openapi
 from services.gateway.rest.repository_routes import RepositoryEndpoints, add_repository_routes
@@ -135,6 +136,8 @@ def create_app(
                 handshake_timeout_s=settings.header_timeout_s,
                 health_interval_s=settings.grpc_health_interval_s,
                 health_max_watches=settings.grpc_health_max_watches,
+                stream_max_inflight=settings.stream_max_inflight,
+                stream_idle_timeout_s=settings.stream_idle_timeout_s,
             )
             log.info("gRPC listening on %s:%d", settings.host, app.state.grpc_port)
         if settings.gc_freeze:
@@ -161,6 +164,7 @@ def create_app(
     app.state.grpc_port = None
     app.lane = InferLane(dataplane, max_body_bytes=settings.max_body_bytes)
     add_routes(app, Endpoints(dataplane), app.lane)
+    app.router.routes.extend(generate_routes(dataplane, max_body_bytes=settings.max_body_bytes))
     add_admin_routes(app, AdminEndpoints(manager, AdminAuth(settings.admin_token), settings, tuner=tuner))
     add_console_routes(app, Console(manager, AdminAuth(settings.admin_token), live))
     add_repository_routes(app, RepositoryEndpoints(repository_api, max_body_bytes=settings.max_body_bytes))

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from services.gateway.errors import (
 )
 from services.gateway.metrics import OTHER, GatewayMetrics
 from services.gateway.repository import Catalog
+from services.gateway.shaping.concurrency import ModelGate
 from services.gateway.shaping.keys import ANONYMOUS
 from services.gateway.shaping.shaper import Shaper
 from services.gateway.statistics import Hops
@@ -78,7 +80,9 @@ class DataPlane:
         """The clients' shared-memory regions (the extension is off unless the app passes an enabled registry)."""
         self._timed_by_backend: bool = getattr(backend, "enforces_deadlines", False)  # test doubles may not say
         self._forwards_parameters: bool = getattr(backend, "forwards_parameters", False)
+        self._decoupled: Callable[[str], bool] = getattr(backend, "decoupled", _answers_once)  # test doubles too
         self._labels_cache: dict[tuple[str, int], tuple[model_config_pb2.ModelConfig, Labels]] = {}
+        self._stream_series: dict[tuple[str, int], tuple[Any, Any]] = {}
 
     async def live(self) -> bool:
         """The gateway answering is its liveness. A dead backend makes it unready, not dead: a liveness
@@ -163,29 +167,91 @@ class DataPlane:
             if request.output_regions:
                 place_outputs(request, response.outputs)
         except Exception as exc:
-            error = self._client_error(exc, model, version)
-            served = version if version is not None else request.version
-            self.record_error(model, served, protocol, error, request.tenant)
-            if version is not None:
-                error.version = version  # the answer names the version that failed (a canary's, say)
-                self.hops.failed(model, version, time.perf_counter() - started)
-                if watched:
-                    self.windows.observe(model, version, error.status, time.perf_counter() - started)
+            error = self._failed(exc, request, version, protocol, watched, started)
             if error is exc:
                 raise
             raise error from exc
-        elapsed = time.perf_counter() - started
-        self.hops.served(model, version, elapsed, backend_seconds)
-        series = self.metrics.served(model, version, protocol)
-        series.ok.inc()
-        series.duration.observe(elapsed)
-        self.metrics.tenant(request.tenant, "200").inc()
+        self._succeeded(request, version, protocol, watched, time.perf_counter() - started, backend_seconds)
         if request.version is None:
-            if watched:
-                self.windows.observe(model, version, 200, elapsed)
             record = self.router.record(model)
             if record is not None and record.shadow is not None and version == record.stable:
                 self.shadows.offer(record.shadow, *detach(request, response))
+        return response
+
+    async def infer_stream(
+        self, request: InferRequest, *, protocol: str, header: Header | None = None
+    ) -> AsyncGenerator[InferResponse, None]:
+        """Every response to one request, in order, the last with ``final`` set: a model that answers once gives one
+        (``infer``). Streaming front ends (gRPC ``ModelStreamInfer``, HTTP ``generate_stream``) call this.
+
+        A decoupled model's request takes the steps ``infer`` takes (route, lease, validate, gate, deadline, count
+        once), held for its whole sequence: a drain waits for its last response, and its lease keeps the version
+        loaded until then. Closing the generator early (``aclose``: the client went away) releases both at once and
+        cancels the request in the model server."""
+        model = request.model
+        if not self._decoupled(model):
+            yield await self.infer_once_streamed(request, protocol=protocol, header=header)
+            return
+        started = time.perf_counter()
+        watched = request.version is None and model in self.windows.watched
+        version: int | None = None
+        count = 0
+        try:
+            version = self.router.route(model, request.version, header)
+            leases = self.leases
+            leases.acquire(model, version)
+            try:
+                metadata = await self.backend.metadata(model, version)
+                await self._check_streamed(request, metadata, version)
+                gate = self._queue_gate(request)
+                if gate is not None:
+                    await gate.enter(request.priority, request.deadline)
+                began = time.perf_counter()
+                try:
+                    timeout_s = None if request.deadline is None else request.deadline - time.monotonic()
+                    if timeout_s is not None and timeout_s <= 0:
+                        raise self._expired(request, "while it waited for a free slot")
+                    responses = self.backend.infer_stream(
+                        request, version=version, timeout_s=timeout_s, priority=request.priority
+                    )
+                    async for response in responses:
+                        if request.classification and response.outputs:
+                            await self._classify(request, metadata, response, version)
+                        if request.outputs is not None and response.outputs:
+                            response.outputs = _present(request.outputs, response.outputs)
+                        if count == 0:
+                            self._observe_first(model, version, started)
+                        count += 1
+                        yield response
+                finally:
+                    # None: how long a decoupled request runs is the model's pace, not a load the adaptive limit
+                    # should react to.
+                    if gate is not None:
+                        gate.leave(None)
+            finally:
+                leases.release(model, version)
+        except Exception as exc:
+            error = self._failed(exc, request, version, protocol, watched, started)
+            if error is exc:
+                raise
+            raise error from exc
+        # No shadow copy: a shadow compares one answer, and would double the model's work for every response.
+        ended = time.perf_counter()
+        self._succeeded(request, version, protocol, watched, ended - started, ended - began)
+        self.metrics.stream_responses.labels(model).observe(count)
+
+    def decoupled(self, model: str) -> bool:
+        """Whether ``model`` may send several responses per request (Triton's decoupled transaction policy)."""
+        return self._decoupled(model)
+
+    async def infer_once_streamed(
+        self, request: InferRequest, *, protocol: str, header: Header | None = None
+    ) -> InferResponse:
+        """``infer_stream`` of a model that answers once, without the generator: a stream's common case, whose
+        per-request cost is what a stream is for."""
+        started = time.perf_counter()
+        response = await self.infer(request, protocol=protocol, header=header)
+        self._observe_stream(request.model, response.version, started, 1)
         return response
 
     def record_error(
@@ -199,6 +265,70 @@ class DataPlane:
         self.metrics.tenant(tenant, str(error.status)).inc()
         if error.reason is not None:
             self.metrics.rejected.labels(model_label, error.reason).inc()
+
+    def _failed(
+        self, exc: Exception, request: InferRequest, version: int | None, protocol: str, watched: bool, started: float
+    ) -> GatewayError:
+        """Count a request that failed after it reached the dataplane; the error to raise in its place."""
+        model = request.model
+        error = self._client_error(exc, model, version)
+        served = version if version is not None else request.version
+        self.record_error(model, served, protocol, error, request.tenant)
+        if version is not None:
+            error.version = version  # the answer names the version that failed (a canary's, say)
+            self.hops.failed(model, version, time.perf_counter() - started)
+            if watched:
+                self.windows.observe(model, version, error.status, time.perf_counter() - started)
+        return error
+
+    def _succeeded(
+        self, request: InferRequest, version: int, protocol: str, watched: bool, elapsed: float, backend_seconds: float
+    ) -> None:
+        """Count a served request: its hop, its status and duration, its tenant, the canary's window."""
+        model = request.model
+        self.hops.served(model, version, elapsed, backend_seconds)
+        series = self.metrics.served(model, version, protocol)
+        series.ok.inc()
+        series.duration.observe(elapsed)
+        self.metrics.tenant(request.tenant, "200").inc()
+        if watched:
+            self.windows.observe(model, version, 200, elapsed)
+
+    def _observe_stream(self, model: str, version: int, started: float, responses: int) -> None:
+        """A streamed request of a model that answers once: its one response is its first and its last."""
+        series = self._stream_series.get((model, version))
+        if series is None:  # looked up once per model version: a stream's requests are many and cheap
+            model_label, version_label = self._labels(model, version)
+            series = self._stream_series[(model, version)] = (
+                self.metrics.first_response.labels(model_label, version_label),
+                self.metrics.stream_responses.labels(model_label),
+            )
+        series[0].observe(time.perf_counter() - started)
+        series[1].observe(responses)
+
+    def _observe_first(self, model: str, version: int, started: float) -> None:
+        model_label, version_label = self._labels(model, version)
+        self.metrics.first_response.labels(model_label, version_label).observe(time.perf_counter() - started)
+
+    async def _check_streamed(self, request: InferRequest, metadata: ModelMetadata, version: int) -> None:
+        """``infer``'s checks before the model runs, for a decoupled model's request."""
+        validate(request, metadata)
+        if request.parameters:
+            await self._check_parameters(request, version)
+        if request.classification:
+            _check_classes(request, metadata)
+        if request.output_regions:
+            raise InvalidInput(
+                f"model '{request.model}' is decoupled (many responses per request): its outputs cannot go to "
+                "shared memory, where each response would overwrite the last; ask for them in the responses"
+            )
+
+    def _queue_gate(self, request: InferRequest) -> ModelGate | None:
+        """The model's concurrency gate to wait at (``None``: no cap), once the deadline allows queueing."""
+        deadline = request.deadline
+        if deadline is not None and time.monotonic() >= deadline:
+            raise self._expired(request, "before it could be queued")
+        return self.shaper.gate(request.model)
 
     def _labels(self, model: str, version: int | str | None) -> tuple[str, str]:
         entry = self.catalog.entries.get(model)
@@ -230,9 +360,7 @@ class DataPlane:
         """Deadline, then the model's concurrency gate, then the backend with what is left of the budget. The
         backend call is timed (returned with the answer): what the gateway adds around it is its hop (``Hops``)."""
         deadline = request.deadline
-        if deadline is not None and time.monotonic() >= deadline:
-            raise self._expired(request, "before it could be queued")
-        gate = self.shaper.gate(request.model)
+        gate = self._queue_gate(request)
         if gate is not None:
             await gate.enter(request.priority, deadline)
         began = time.perf_counter()
@@ -306,6 +434,18 @@ class DataPlane:
             return response.outputs
         by_name = {output.name: output for output in response.outputs}
         return [by_name[name] for name in request.outputs]
+
+
+def _answers_once(model: str) -> bool:
+    """A backend that does not say whether a model is decoupled: none is."""
+    return False
+
+
+def _present(names: tuple[str, ...], outputs: list[InferOutput]) -> list[InferOutput]:
+    """The outputs asked for, in the order asked, of those a decoupled model's response carries (it may send some
+    outputs in one response and others in the next)."""
+    by_name = {output.name: output for output in outputs}
+    return [by_name[name] for name in names if name in by_name]
 
 
 def _check_classes(request: InferRequest, metadata: ModelMetadata) -> None:

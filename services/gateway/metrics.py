@@ -14,6 +14,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 SWAP_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 DIVERGENCE_BUCKETS = (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+RESPONSE_COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 OTHER = "_other"
 """Label value of a model or version the repository does not know: made-up names share one series."""
 
@@ -146,6 +147,26 @@ class GatewayMetrics:
             "Warm-ups the gateway invented (no manifest samples, no model_warmup) that failed; the version serves "
             "anyway, as Triton would serve it without a warm-up, and the repository index notes why.",
             ["model"],
+            registry=registry,
+        )
+        self.open_streams = Gauge(
+            "switchyard_open_streams",
+            "Streams open now (gRPC ModelStreamInfer, HTTP generate_stream).",
+            ["protocol"],
+            registry=registry,
+        )
+        self.stream_responses = Histogram(
+            "switchyard_stream_responses",
+            "Responses per streamed request (1 unless the model is decoupled).",
+            ["model"],
+            buckets=RESPONSE_COUNT_BUCKETS,
+            registry=registry,
+        )
+        self.first_response = Histogram(
+            "switchyard_time_to_first_response_seconds",
+            "Time from a streamed request's decoding to its first response.",
+            ["model", "version"],
+            buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.swap_step = Histogram(

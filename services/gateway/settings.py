@@ -161,6 +161,12 @@ class Settings(BaseSettings):
     """How often an open ``grpc.health.v1.Health/Watch`` stream re-reads readiness to send a change."""
     grpc_health_max_watches: int = 100
     """Open ``grpc.health.v1.Health/Watch`` streams at most; more are refused (RESOURCE_EXHAUSTED)."""
+    stream_max_inflight: int = 64
+    """Requests of one stream (gRPC ``ModelStreamInfer``) being served at once; past it the gateway stops reading the
+    stream until one is answered (backpressure through gRPC flow control, never an unbounded queue)."""
+    stream_idle_timeout_s: float = 300.0
+    """A stream with no request in flight and none arriving for this long is ended (gRPC ``DEADLINE_EXCEEDED``
+    saying so); 0: never."""
     log_level: str = "info"
     """Log level for the gateway and uvicorn."""
     access_log: bool = False
@@ -185,7 +191,7 @@ class Settings(BaseSettings):
             "rate_limit_rps": self.rate_limit_rps, "default_timeout_ms": self.default_timeout_ms,
             "max_timeout_ms": self.max_timeout_ms, "header_timeout_s": self.header_timeout_s,
             "body_timeout_s": self.body_timeout_s, "keep_alive_s": self.keep_alive_s,
-            "inline_batch_us": self.inline_batch_us,
+            "inline_batch_us": self.inline_batch_us, "stream_idle_timeout_s": self.stream_idle_timeout_s,
         }
         for name, number in seconds.items():
             if not number >= 0:  # NaN too
@@ -195,7 +201,7 @@ class Settings(BaseSettings):
         positive = {
             "max_connections": self.max_connections, "max_header_bytes": self.max_header_bytes,
             "max_header_line_bytes": self.max_header_line_bytes, "max_header_count": self.max_header_count,
-            "grpc_health_max_watches": self.grpc_health_max_watches,
+            "grpc_health_max_watches": self.grpc_health_max_watches, "stream_max_inflight": self.stream_max_inflight,
         }
         for name, value in positive.items():
             if value < 1:

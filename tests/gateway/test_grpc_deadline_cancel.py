@@ -15,6 +15,7 @@ from tritonclient.grpc import service_pb2
 
 from services.gateway.app import create_app
 from services.gateway.grpc_api.servicer import InferenceServicer
+from services.gateway.grpc_api.stream import StreamService
 from services.gateway.settings import Settings
 from tests.waiting import wait_until_async
 
@@ -39,7 +40,8 @@ async def _deadline_refusals_after_cancel(settings: Settings, remaining_at_cance
     async with LifespanManager(app):
         backend.calls.clear()  # the startup warm-up's requests
         backend.delay_s = 30.0  # long past the call's end
-        servicer = InferenceServicer(app.state.dataplane, repository=None)  # type: ignore[arg-type]
+        streams = StreamService(app.state.dataplane, max_inflight=1, idle_timeout_s=0)
+        servicer = InferenceServicer(app.state.dataplane, repository=None, streams=streams)  # type: ignore[arg-type]
         request = service_pb2.ModelInferRequest(model_name="double")
         request.inputs.add(name="x", datatype="FP32", shape=[1, 4])
         request.raw_input_contents.append(np.ones((1, 4), np.float32).tobytes())

@@ -38,12 +38,15 @@ pytestmark = pytest.mark.slow
 
 TOKEN = "schemathesis-admin-token"
 MODELS = ("mlp", "classifier")
-# Admin actions swap versions under the other operations' feet; the read-only admin routes are fuzzed.
+# Admin actions swap versions under the other operations' feet; the read-only admin routes are fuzzed. The generate
+# routes' versioned twins run the unversioned ones' code after the version parser every route shares: left out, to
+# keep the run short.
 OPERATIONS = sorted(
     f"{method.upper()} {path}"
     for path, methods in paths().items()
     for method in methods
-    if not path.startswith("/admin") or method == "get"
+    if (not path.startswith("/admin") or method == "get")
+    and not (path.endswith(("/generate", "/generate_stream")) and "{model_version}" in path)
 )
 MAX_EXAMPLES = 50
 # The document's own claims, checked on every answer (server errors are asserted apart, with the request).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from typing import Protocol
 
 from tritonclient.grpc import model_config_pb2, service_pb2
@@ -84,6 +84,19 @@ class Backend(Protocol):
         v2 priority (0 = default; lower numbers first, as in Triton). Outputs are all the model's
         outputs, arrays with the batch dim first; the dataplane picks the requested ones.
         """
+
+    def decoupled(self, model: str) -> bool:
+        """Whether the model may answer a request with any number of responses (its config's
+        ``model_transaction_policy { decoupled: true }``): then the dataplane serves it through ``infer_stream``. Per
+        model, not per version: Triton applies one config to every version it loads of a model. No I/O."""
+
+    def infer_stream(
+        self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
+    ) -> AsyncIterator[InferResponse]:
+        """A decoupled model's responses to one validated request, in the order the model sent them, the last with
+        ``final`` set (it may have no outputs: the model said it is done after its last answer). ``timeout_s``
+        bounds the whole sequence. A failure, before or between responses, is raised as a ``GatewayError``; closing
+        the iterator early cancels the request in the model server."""
 
     async def statistics(self, model: str | None, version: int | None) -> list[service_pb2.ModelStatistics]:
         """The model server's statistics (Triton's statistics extension) of the ready versions of ``model``

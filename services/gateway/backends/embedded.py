@@ -7,7 +7,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -33,6 +33,11 @@ from services.gateway.tensors.types import InferOutput, InferRequest, InferRespo
 from services.modelrepo import layout
 
 log = logging.getLogger(__name__)
+DECOUPLED_PROBLEM = (
+    "decoupled models (model_transaction_policy { decoupled: true }) need Triton: serve this repository with "
+    "--backend triton"
+)
+"""Why a model that may answer a request with many responses is not loaded: the embedded runtimes answer once."""
 
 
 @dataclass
@@ -211,6 +216,14 @@ class EmbeddedBackend:
             outputs=[InferOutput(spec.name, spec.datatype, outputs[spec.name]) for spec in metadata.outputs],
         )
 
+    def decoupled(self, model: str) -> bool:
+        return False  # never loaded here (DECOUPLED_PROBLEM)
+
+    async def infer_stream(
+        self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
+    ) -> AsyncIterator[InferResponse]:
+        yield await self.infer(request, version=version, timeout_s=timeout_s, priority=priority)
+
     async def statistics(self, model: str | None, version: int | None) -> list[service_pb2.ModelStatistics]:
         """This gateway's own counters of the ready versions of ``model`` (``None``: every model), or of one."""
         found = []
@@ -275,6 +288,8 @@ def _model_problem(entry: repository.ModelEntry) -> str | None:
     """Why no version of the model can run here, whatever is on disk; ``None`` when it can be tried."""
     if entry.problem is not None:
         return entry.problem
+    if entry.config.model_transaction_policy.decoupled:  # before the platform: the reason that tells what to do
+        return DECOUPLED_PROBLEM
     try:
         check_supported(entry.platform)
     except (UnsupportedModel, MissingExtra) as exc:

@@ -199,10 +199,16 @@ def _natural(params: Any, key: str, where: str = "") -> int | None:
     return value
 
 
-def encode_response(response: InferResponse) -> Any:
-    message = service_pb2.ModelInferResponse(
-        model_name=response.model, model_version=str(response.version), id=response.id
-    )
+def encode_response(response: InferResponse, into: Any = None) -> Any:
+    """The ``ModelInferResponse`` of ``response``; ``into``: fill that (empty) message instead, e.g. the
+    ``infer_response`` of a stream's answer, without copying the tensors' bytes a second time."""
+    if into is None:
+        message = service_pb2.ModelInferResponse(
+            model_name=response.model, model_version=str(response.version), id=response.id
+        )
+    else:
+        message = into
+        message.model_name, message.model_version, message.id = response.model, str(response.version), response.id
     for output in response.outputs:
         tensor = message.outputs.add(name=output.name, datatype=output.datatype, shape=output.data.shape)
         if output.region is not None:

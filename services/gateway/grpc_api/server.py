@@ -12,6 +12,7 @@ from tritonclient.grpc import service_pb2_grpc
 from services.gateway.dataplane import DataPlane
 from services.gateway.grpc_api.health import HealthService
 from services.gateway.grpc_api.servicer import InferenceServicer
+from services.gateway.grpc_api.stream import StreamService
 from services.gateway.repository_api import RepositoryApi
 
 # Streams one connection may have open at once. The gateway admits far fewer requests per model (max_concurrency
@@ -49,15 +50,18 @@ class GenericHandlersOnly:
 
 
 class GatewayServer:
-    """The started ``grpc.aio`` server and its health service, stopped together: the health watches end first (with
-    NOT_SERVING), so that the grace period only waits for calls that finish by themselves."""
+    """The started ``grpc.aio`` server, its health service and its inference streams, stopped together: the health
+    watches end first (with NOT_SERVING) and the streams stop taking requests, so that the grace period only waits
+    for answers in flight."""
 
-    def __init__(self, server: grpc.aio.Server, health: HealthService) -> None:
+    def __init__(self, server: grpc.aio.Server, health: HealthService, streams: StreamService) -> None:
         self.server = server
         self.health = health
+        self.streams = streams
 
     async def stop(self, grace_s: float | None) -> None:
         self.health.close()
+        self.streams.close()  # inference streams stop reading: the grace period delivers what they have in flight
         await self.server.stop(grace_s)
 
 
@@ -78,6 +82,8 @@ async def start_server(
     handshake_timeout_s: float | None = None,
     health_interval_s: float = 0.5,
     health_max_watches: int = 100,
+    stream_max_inflight: int = 64,
+    stream_idle_timeout_s: float = 300.0,
 ) -> tuple[GatewayServer, int]:
     """Start a ``grpc.aio`` server on the running loop (the same one uvicorn serves HTTP on).
 
@@ -85,7 +91,8 @@ async def start_server(
     are read (the HTTP listener's ``max_header_bytes``). ``connection_idle_s``: a connection without calls for this
     long gets GOAWAY and closes; ``handshake_timeout_s``: a connection that has not completed the HTTP/2 handshake by
     then is closed (a silent socket). None: gRPC's defaults (never, and 120 s). ``health_interval_s`` and
-    ``health_max_watches``: the standard health service's watches (``grpc_api/health.py``)."""
+    ``health_max_watches``: the standard health service's watches (``grpc_api/health.py``); ``stream_max_inflight`` and
+    ``stream_idle_timeout_s``: each ``ModelStreamInfer`` stream's bounds (``grpc_api/stream.py``)."""
     options: list[tuple[str, int]] = [
         # gRPC's own limit sits above the gateway's so that a message over ``max_message_bytes`` reaches the
         # admission step, which refuses it (RESOURCE_EXHAUSTED) and counts it as REST counts a 413. Beyond twice
@@ -101,18 +108,19 @@ async def start_server(
         ("grpc.absolute_max_metadata_size", max_metadata_bytes),
         *PING_POLICY,
     ]
-    # No grpc.max_connection_age_ms (nor its grace): every method but the health Watch is unary, so a busy
-    # connection holds nothing long (a watch is bounded by grpc_health_max_watches); forcing reconnects would only
-    # cost handshakes.
+    # No grpc.max_connection_age_ms (nor its grace): it would cut the long calls (a health Watch, bounded by
+    # grpc_health_max_watches; an inference stream, which ends when idle for stream_idle_timeout_s), and a busy
+    # connection of unary calls holds nothing long; forcing reconnects would only cost handshakes.
     if connection_idle_s is not None:
         options.append(("grpc.max_connection_idle_ms", max(int(connection_idle_s * 1000), 1)))
     if handshake_timeout_s is not None:
         options.append(("grpc.server_handshake_timeout_ms", max(int(handshake_timeout_s * 1000), 1)))
     server = grpc.aio.server(options=options)
-    servicer = InferenceServicer(dataplane, repository=repository)
+    streams = StreamService(dataplane, max_inflight=stream_max_inflight, idle_timeout_s=stream_idle_timeout_s)
+    servicer = InferenceServicer(dataplane, repository=repository, streams=streams)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, GenericHandlersOnly(server))
     health = HealthService(dataplane, interval_s=health_interval_s, max_watches=health_max_watches)
     health_pb2_grpc.add_HealthServicer_to_server(health, GenericHandlersOnly(server))
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
-    return GatewayServer(server, health), bound
+    return GatewayServer(server, health, streams), bound

@@ -15,6 +15,7 @@ from services.gateway.errors import DeadlineExceeded, GatewayError, ModelNotFoun
 from services.gateway.grpc_api import shared_memory
 from services.gateway.grpc_api.codec import decode_request, encode_metadata, encode_response
 from services.gateway.grpc_api.repository import RepositoryService
+from services.gateway.grpc_api.stream import StreamService
 from services.gateway.repository_api import RepositoryApi
 from services.gateway.shaping.shaper import Admitted
 from services.gateway.tensors.regions import tensor_regions
@@ -34,6 +35,7 @@ STATUS_CODES = {
     422: grpc.StatusCode.FAILED_PRECONDITION,  # a version failed to load or warm up: its files need fixing first
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     500: grpc.StatusCode.INTERNAL,
+    501: grpc.StatusCode.UNIMPLEMENTED,  # a unary call on a decoupled model, as Triton answers it
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
@@ -44,11 +46,17 @@ def status_code(error: GatewayError) -> grpc.StatusCode:
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    """Methods not overridden here (streaming inference, trace and log settings) answer UNIMPLEMENTED."""
+    """Methods not overridden here (trace and log settings) answer UNIMPLEMENTED."""
 
-    def __init__(self, dataplane: DataPlane, *, repository: RepositoryApi) -> None:
+    def __init__(self, dataplane: DataPlane, *, repository: RepositoryApi, streams: StreamService) -> None:
         self._dataplane = dataplane
         self._repository = RepositoryService(repository)
+        self._streams = streams
+
+    async def ModelStreamInfer(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        answers = self._streams.serve(request_iterator, context, _Metadata(context).get, _admission_metadata(context))
+        async for answer in answers:
+            yield answer
 
     async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         return service_pb2.ServerLiveResponse(live=await self._dataplane.live())

@@ -199,7 +199,30 @@ def _v2_paths() -> Json:
     found.update(_model_routes("/ready", "modelReady", "get", ready))
     found.update(_model_routes("/config", "modelConfig", "get", config))
     found.update(_model_routes("/infer", "modelInfer", "post", _infer(not_ready)))
+    found.update(_model_routes("/generate", "modelGenerate", "post", _generate(not_ready, streaming=False)))
+    found.update(_model_routes("/generate_stream", "modelGenerateStream", "post", _generate(not_ready, streaming=True)))
     return found
+
+
+def _generate(not_ready: Json, *, streaming: bool) -> Json:
+    """The generate extension: ``/infer``'s admission and errors, its own JSON in and out."""
+    spec = _infer(not_ready)
+    version = "X-Model-Version"
+    if streaming:
+        ok: Json = {"description": "One server-sent event per response (data: GenerateResponse); an error after "
+                    "the first one comes as a last event data: Error.",
+                    "headers": {name: _ref("headers", name) for name in (version, *_RATE)},
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+    else:
+        ok = _json("The model's one response.", version, *_RATE, model="GenerateResponse")
+    return {
+        **spec,
+        "summary": "Generate, one event per response (server-sent events)" if streaming else "Generate",
+        "parameters": [_ref("parameters", name) for name in ("X-Request-Timeout", "X-Priority")],
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": _ref("schemas", "GenerateRequest")}}},
+        "responses": {**spec["responses"], "200": ok},
+    }
 
 
 def _infer(not_ready: Json) -> Json:

@@ -126,6 +126,26 @@ class InferenceResponse(_Closed):
     outputs: list[ResponseOutput]
 
 
+class GenerateRequest(_Open):
+    """The generate extension: a key naming one of the model's inputs holds its value (a scalar, or a list flat or
+    nested), shaped to the dims the model declares; any other key is a request parameter, as are those of
+    ``parameters``."""
+
+    parameters: RequestParameters | SkipJsonSchema[None] = Field(
+        None, description="Request parameters; timeout and priority apply as on /infer."
+    )
+
+
+class GenerateResponse(_Open):
+    """One response: these keys, and each output under its own name (a list of its values, or the value itself when
+    it holds one; BYTES as strings). On generate_stream each is one server-sent event, ``data: {...}``; an event
+    ``data: {"error": "..."}`` ends a stream that failed after it started."""
+
+    model_name: str
+    model_version: Version
+    id: str | SkipJsonSchema[None] = None
+
+
 class Error(_Closed):
     """The v2 error shape."""
 
@@ -256,6 +276,7 @@ class ShadowPolicy(_Closed):
 
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     InferenceRequest,
+    GenerateRequest,
     SwitchOptions,
     UnloadOptions,
     LoadOptions,
@@ -264,6 +285,7 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
 )
 RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
     InferenceResponse,
+    GenerateResponse,
     Error,
     ModelMetadata,
     ServerMetadata,

@@ -116,3 +116,6 @@ class InferResponse:
     version: int
     outputs: list[InferOutput]
     id: str = ""
+    final: bool = True
+    """The last response to its request: always, but for a decoupled model's (Triton's ``triton_final_response``),
+    which may send several, and an empty final one."""

@@ -12,7 +12,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 
 from tritonclient.grpc import model_config_pb2, service_pb2
 
@@ -245,7 +245,7 @@ class TritonBackend(TritonHealth):
         if version not in self._states.get(model, {}):
             raise unknown_version(model, version, "not loaded")
 
-    # -- inference (calls.py) -------------------------------------------------------------------------------
+    # -- inference (calls.py; decoupled models: streams.py) ---------------------------------------------------------
     async def infer(
         self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
     ) -> InferResponse:
@@ -253,6 +253,15 @@ class TritonBackend(TritonHealth):
             return await self._calls.infer(request, version=version, timeout_s=timeout_s, priority=priority)
         call = functools.partial(self._calls.infer, version=version, timeout_s=timeout_s, priority=priority)
         return await self.shared_memory.infer(call, request)
+
+    def decoupled(self, model: str) -> bool:
+        config = self._configs.get(model)
+        return config is not None and config.model_transaction_policy.decoupled
+
+    def infer_stream(
+        self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
+    ) -> AsyncIterator[InferResponse]:
+        return self._calls.stream(request, version=version, timeout_s=timeout_s, priority=priority)
 
     async def statistics(self, model: str | None, version: int | None) -> list[service_pb2.ModelStatistics]:
         """Triton's own figures, as Triton counts them (warm-up and shadow requests included)."""

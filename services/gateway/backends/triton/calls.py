@@ -1,10 +1,11 @@
-"""Inference calls to Triton: the generated ``ModelInfer`` stub with the request's deadline and priority, a cap on
-calls in flight, and the circuit breaker in front."""
+"""Inference calls to Triton: the generated ``ModelInfer`` stub with the request's deadline and priority (a decoupled
+model's ``ModelStreamInfer``, ``streams.py``), a cap on calls in flight, and the circuit breaker in front."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -14,6 +15,7 @@ from services.gateway.backends.triton.codec import infer_request, infer_response
 from services.gateway.backends.triton.errors import TritonErrors
 from services.gateway.backends.triton.http_codec import http_request, http_response
 from services.gateway.backends.triton.http_pool import HttpPool
+from services.gateway.backends.triton.streams import read_responses, stream_request
 from services.gateway.errors import DeadlineExceeded, GatewayError, Overloaded
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import Settings
@@ -38,14 +40,7 @@ class TritonCalls:
     async def infer(
         self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
     ) -> InferResponse:
-        if timeout_s is not None and timeout_s <= 0:
-            raise DeadlineExceeded(f"request to model '{request.model}' has no time left for Triton")
-        breaker, channels = self._breaker, self.channels
-        if channels is None or not breaker.allow():
-            raise self._errors.unavailable(f"Triton at {self._settings.triton_url} is unavailable (circuit open)")
-        if self._inflight >= self._settings.triton_max_inflight:
-            breaker.release()
-            raise Overloaded(f"{self._inflight} requests are already in flight to Triton")
+        channels = self._admit(request, timeout_s)
         forward = self._settings.triton_shared_memory
         http = self.http
         if http is not None and not forward:
@@ -65,15 +60,62 @@ class TritonCalls:
         except TimeoutError:
             raise self._silent(request) from None
         except grpc.RpcError as exc:
-            code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else "UNKNOWN"
-            details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-            raise self._errors.infer_error(code, str(details or ""), request.model, version, timeout_s) from None
+            raise self._errors.rpc_error(exc, request.model, version, timeout_s) from None
         except OSError as exc:
             raise self._unreachable(exc) from None
         finally:
             self._inflight -= 1
         self._succeeded(request, version, started)
         return infer_response(reply, request, version, forward=forward)
+
+    async def stream(
+        self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
+    ) -> AsyncIterator[InferResponse]:
+        """A decoupled model's responses (``streams.py``), behind the same breaker and cap as ``infer``: a stream is
+        one call in flight for its whole life. Always over gRPC (Triton's HTTP front end refuses decoupled models)
+        and with the tensors' bytes in the message (responses cannot share one output region)."""
+        channels = self._admit(request, timeout_s)
+        call = channels.stream(timeout=timeout_s)
+        self._inflight += 1
+        started = time.monotonic()
+        told = final = False  # whether a response told the breaker Triton is up; whether Triton is done with the call
+        try:
+            await call.write(stream_request(request, version, timeout_s, priority))
+            await call.done_writing()  # one request per call: Triton ends the call after its final response
+            responses = read_responses(
+                call, request, version, errors=self._errors, timeout_s=timeout_s,
+                silence_s=self._settings.triton_infer_timeout_s,
+            )
+            async for response in responses:
+                if not told:
+                    told = True
+                    self._breaker.record_success()  # Triton answered: it is up, whatever comes next
+                if response.final:
+                    final = True
+                    self._succeeded(request, version, started)
+                yield response
+        except grpc.RpcError as exc:  # the write failed: Triton refused or dropped the call before any response
+            raise self._errors.rpc_error(exc, request.model, version, timeout_s) from None
+        except OSError as exc:
+            raise self._unreachable(exc) from None
+        finally:
+            self._inflight -= 1
+            if not told:  # a trial call must not stay in flight; an error above has told the breaker what it means
+                self._breaker.release()
+            if not final:  # failed, or nobody reads on: Triton cancels the request instead of answering into the void
+                call.cancel()
+
+    def _admit(self, request: InferRequest, timeout_s: float | None) -> TritonChannels:
+        """The channels for one more call, or why there is none: no time left, circuit open, too many in flight."""
+        if timeout_s is not None and timeout_s <= 0:
+            raise DeadlineExceeded(f"request to model '{request.model}' has no time left for Triton")
+        breaker, channels = self._breaker, self.channels
+        if channels is None or not breaker.allow():
+            raise self._errors.unavailable(f"Triton at {self._settings.triton_url} is unavailable (circuit open)")
+        if self._inflight >= self._settings.triton_max_inflight:
+            breaker.release()
+            raise Overloaded(f"{self._inflight} requests are already in flight to Triton")
+        return channels
 
     async def _over_http(
         self, http: HttpPool, request: InferRequest, version: int, timeout_s: float | None, priority: int

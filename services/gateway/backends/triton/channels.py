@@ -20,6 +20,8 @@ class TritonChannels:
     channel: grpc.aio.Channel
     infer: Any
     """The generated ``ModelInfer`` stub method on ``channel``."""
+    stream: Any
+    """The generated ``ModelStreamInfer`` stub method on ``channel`` (decoupled models, ``streams.py``)."""
 
     async def close(self) -> None:
         await self.client.close()
@@ -33,7 +35,8 @@ def open_channels(settings: Settings) -> TritonChannels:
     options = channel_options(settings)
     client = triton.InferenceServerClient(settings.triton_url, channel_args=options)
     channel = grpc.aio.insecure_channel(settings.triton_url, options=options)
-    return TritonChannels(client, channel, service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer)
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    return TritonChannels(client, channel, stub.ModelInfer, stub.ModelStreamInfer)
 
 
 def channel_options(settings: Settings) -> list[tuple[str, Any]]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import grpc
+
 from services.gateway.backends.circuit import CircuitBreaker
 from services.gateway.backends.triton.shared_memory import refused
 from services.gateway.errors import (
@@ -61,9 +63,18 @@ class TritonErrors:
             return InvalidInput(f"{told} (Triton refused the request to {target})")
         if code == "RESOURCE_EXHAUSTED":
             return Overloaded(f"Triton refused the request to {target}: {message}")
+        if code == "UNIMPLEMENTED":  # what Triton cannot do for this model: a decoupled one asked for one answer
+            hint = "; stream it (gRPC ModelStreamInfer, HTTP generate_stream)" if "decoupled" in message else ""
+            return GatewayError(f"{told}{hint}", 501)
         if code == "CANCELLED":
             return BackendUnavailable(f"Triton cancelled the request to {target}")
         return InferenceFailed(f"{target} failed in Triton: {message}")
+
+    def rpc_error(self, exc: grpc.RpcError, model: str, version: int, timeout_s: float | None) -> GatewayError:
+        """A failed gRPC inference call (``ModelInfer``, ``ModelStreamInfer``), told like ``infer_error``."""
+        if isinstance(exc, grpc.aio.AioRpcError):
+            return self.infer_error(exc.code().name, str(exc.details() or ""), model, version, timeout_s)
+        return self.infer_error("UNKNOWN", str(exc), model, version, timeout_s)
 
     def control_error(self, exc: ModelControlError) -> GatewayError:
         """Model control answers go to operators (startup log, admin calls): they carry Triton's words."""

@@ -20,7 +20,9 @@ HEAD = (
     b"POST /v2/models/%s/versions/%d/infer HTTP/1.1\r\nHost: %s\r\nContent-Type: application/octet-stream\r\n"
     b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
 )
-STATUS_CODES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}
+STATUS_CODES = {
+    400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE",
+}
 """Triton's HTTP statuses as the gRPC code names ``TritonErrors.infer_error`` reads (anything else: INTERNAL)."""
 
 

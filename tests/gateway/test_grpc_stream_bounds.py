@@ -1,0 +1,133 @@
+"""The bounds of a ``ModelStreamInfer`` stream, over the scripted backend: no more requests read than may be served
+at once, an idle stream ended, and a gateway shutdown that delivers the answers in flight before it ends the stream.
+The stream's context is a stand-in: what is under test is when the gateway reads, answers and ends."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from asgi_lifespan import LifespanManager
+from prometheus_client import CollectorRegistry
+from scripted_backend import ScriptedBackend
+from tritonclient.grpc import service_pb2
+
+from services.gateway.app import create_app
+from services.gateway.grpc_api.stream import StreamService
+from services.gateway.settings import Settings
+from tests.waiting import wait_until_async
+
+
+class Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+
+
+class Call:
+    """What the stream reads of its grpc.aio context."""
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise Aborted(code, details)
+
+
+def request(index: int) -> Any:
+    message = service_pb2.ModelInferRequest(model_name="double", id=str(index))
+    message.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+    message.raw_input_contents.append(np.full((1, 4), index, np.float32).tobytes())
+    return message
+
+
+class Sender:
+    """The client's side of the stream: ``count`` requests, counting how many the gateway has read; ``close``
+    half-closes it (else it stays open after the last one)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.read = 0
+        self.close = asyncio.Event()
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        for index in range(self.count):
+            self.read += 1
+            yield request(index)
+        await self.close.wait()
+
+
+@pytest.fixture
+async def app_parts(settings: Settings) -> AsyncIterator[tuple[Any, ScriptedBackend]]:
+    backend = ScriptedBackend()
+    app = create_app(settings, backend=backend, registry=CollectorRegistry())
+    async with LifespanManager(app):
+        backend.calls.clear()  # the startup warm-up's requests
+        yield app.state.dataplane, backend
+
+
+async def collect(answers: AsyncIterator[Any], into: list[Any]) -> None:
+    async for answer in answers:
+        into.append(answer)
+
+
+async def test_a_stream_reads_no_more_requests_than_it_may_serve_at_once(
+    app_parts: tuple[Any, ScriptedBackend],
+) -> None:
+    dataplane, backend = app_parts
+    backend.hold = asyncio.Event()
+    streams = StreamService(dataplane, max_inflight=2, idle_timeout_s=0)
+    sender = Sender(5)
+    got: list[Any] = []
+    served = asyncio.create_task(collect(streams.serve(sender.__aiter__(), Call(), lambda name: None,
+                                                       (None, None, None)), got))
+    assert await wait_until_async(lambda: len(backend.calls) == 2)
+    await asyncio.sleep(0.05)  # time for a gateway that read on to show it
+    assert (sender.read, len(backend.calls), got) == (2, 2, [])
+    backend.hold.set()
+    assert await wait_until_async(lambda: len(got) == 5)
+    sender.close.set()
+    await asyncio.wait_for(served, 5)
+    assert sorted(answer.infer_response.id for answer in got) == ["0", "1", "2", "3", "4"]
+    assert all(answer.infer_response.parameters["triton_final_response"].bool_param for answer in got)
+
+
+async def test_an_idle_stream_ends_with_deadline_exceeded_once_its_requests_are_answered(
+    app_parts: tuple[Any, ScriptedBackend],
+) -> None:
+    dataplane, _ = app_parts
+    streams = StreamService(dataplane, max_inflight=4, idle_timeout_s=0.2)
+    got: list[Any] = []
+    with pytest.raises(Aborted) as aborted:
+        await asyncio.wait_for(collect(streams.serve(Sender(3).__aiter__(), Call(), lambda name: None,
+                                                     (None, None, None)), got), 5)
+    assert aborted.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert str(aborted.value) == ("stream idle for 0.2 s (SWITCHYARD_STREAM_IDLE_TIMEOUT_S): no request in flight and "
+                                  "none arriving")
+    assert len(got) == 3
+
+
+async def test_shutdown_delivers_the_answers_in_flight_then_ends_the_stream_unavailable(
+    app_parts: tuple[Any, ScriptedBackend],
+) -> None:
+    dataplane, backend = app_parts
+    backend.hold = asyncio.Event()
+    streams = StreamService(dataplane, max_inflight=8, idle_timeout_s=0)
+    sender = Sender(3)
+    got: list[Any] = []
+    served = asyncio.create_task(collect(streams.serve(sender.__aiter__(), Call(), lambda name: None,
+                                                       (None, None, None)), got))
+    assert await wait_until_async(lambda: len(backend.calls) == 3)
+    streams.close()
+    backend.hold.set()
+    with pytest.raises(Aborted) as aborted:
+        await asyncio.wait_for(served, 5)
+    assert aborted.value.code is grpc.StatusCode.UNAVAILABLE
+    assert "shutting down" in str(aborted.value)
+    assert sorted(answer.infer_response.id for answer in got) == ["0", "1", "2"]
+    with pytest.raises(Aborted):  # a stream opened now is refused at once
+        await collect(streams.serve(Sender(1).__aiter__(), Call(), lambda name: None, (None, None, None)), [])
