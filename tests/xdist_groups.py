@@ -20,6 +20,7 @@ SHARED = dict.fromkeys(
     (
         "tests/triton/test_deadlines.py",
         "tests/triton/test_decoupled_triton.py",
+        "tests/triton/test_grpc_stream_triton.py",
         "tests/triton/test_hostile_shared_memory_triton.py",
         "tests/triton/test_http_transport.py",
         "tests/triton/test_import_boundaries.py",
