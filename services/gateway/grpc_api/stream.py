@@ -80,8 +80,11 @@ class StreamService:
             finally:
                 inflight -= 1
                 slots.release()
-                with contextlib.suppress(asyncio.QueueFull):
-                    answers.put_nowait(_TASK_DONE)  # a wake-up call only: a full queue wakes the writer anyway
+                # A wake-up call, needed only by a writer that may be waiting on an empty queue while this was the
+                # last request in flight (its answer woke the writer before this count dropped: a decoupled request
+                # closing its responses). Otherwise an answer in the queue, or another request's, wakes it.
+                if not inflight and answers.empty():
+                    answers.put_nowait(_TASK_DONE)
 
         async def read() -> None:
             nonlocal inflight, reading, half_closed
