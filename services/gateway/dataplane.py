@@ -12,10 +12,9 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
 from typing import Any
 
-from tritonclient.grpc import model_config_pb2, service_pb2
+from tritonclient.grpc import model_config_pb2
 
 from services.gateway.backends.base import Backend
 from services.gateway.errors import (
@@ -24,7 +23,6 @@ from services.gateway.errors import (
     InferenceFailed,
     InvalidInput,
     ModelNotReady,
-    no_statistics,
     unexpected,
     version_not_ready,
 )
@@ -33,8 +31,8 @@ from services.gateway.repository import Catalog
 from services.gateway.shaping.concurrency import ModelGate
 from services.gateway.shaping.keys import ANONYMOUS
 from services.gateway.shaping.shaper import Shaper
-from services.gateway.statistics import Hops
-from services.gateway.tensors.classification import Labels, check_classifiable, classify, read_labels
+from services.gateway.statistics import Hops, StatisticsReport, gather_statistics
+from services.gateway.tensors.classification import LabelsCache, check_classes, classify
 from services.gateway.tensors.parameters import check_request_parameters
 from services.gateway.tensors.regions import check_room, detach, place_outputs
 from services.gateway.tensors.shared_memory import SharedMemoryRegions
@@ -81,7 +79,7 @@ class DataPlane:
         self._timed_by_backend: bool = getattr(backend, "enforces_deadlines", False)  # test doubles may not say
         self._forwards_parameters: bool = getattr(backend, "forwards_parameters", False)
         self._decoupled: Callable[[str], bool] = getattr(backend, "decoupled", _answers_once)  # test doubles too
-        self._labels_cache: dict[tuple[str, int], tuple[model_config_pb2.ModelConfig, Labels]] = {}
+        self._class_labels = LabelsCache()
         self._stream_series: dict[tuple[str, int], tuple[Any, Any]] = {}
 
     async def live(self) -> bool:
@@ -133,7 +131,7 @@ class DataPlane:
 
     async def statistics(self, model: str, version: int | None) -> StatisticsReport:
         """The statistics extension: ``model`` empty for every model, ``version`` ``None`` for every ready one."""
-        return await gather_statistics(self.catalog, self.backend, self.hops, model, version)
+        return await gather_statistics(self.catalog.entries, self.backend, self.hops, model, version)
 
     async def infer(self, request: InferRequest, *, protocol: str, header: Header | None = None) -> InferResponse:
         """``header`` reads the request's headers (gRPC: metadata), for a sticky canary split. The front end has
@@ -154,7 +152,7 @@ class DataPlane:
                 if request.parameters:
                     await self._check_parameters(request, version)
                 if request.classification:
-                    _check_classes(request, metadata)
+                    check_classes(request.classification, metadata)
                 if request.output_regions:
                     check_room(request, metadata)  # before the model runs, when the shapes tell
                 response, backend_seconds = await self._admitted(request, version)
@@ -316,7 +314,7 @@ class DataPlane:
         if request.parameters:
             await self._check_parameters(request, version)
         if request.classification:
-            _check_classes(request, metadata)
+            check_classes(request.classification, metadata)
         if request.output_regions:
             raise InvalidInput(
                 f"model '{request.model}' is decoupled (many responses per request): its outputs cannot go to "
@@ -403,7 +401,8 @@ class DataPlane:
         self, request: InferRequest, metadata: ModelMetadata, response: InferResponse, version: int
     ) -> None:
         """Replace each output asked for with ``class_count`` by its top classes, with the version's labels."""
-        labels = await self._labels_of(request.model, version)
+        config = await self.backend.config(request.model, version)
+        labels = await self._class_labels.of(request.model, version, config, self.catalog.entry(request.model).path)
         batched = metadata.max_batch_size > 0
         response.outputs = [
             classify(output, request.classification[output.name], labels.get(output.name, ()), batched)
@@ -411,16 +410,6 @@ class DataPlane:
             else output
             for output in response.outputs
         ]
-
-    async def _labels_of(self, model: str, version: int) -> Labels:
-        """The version's labels (``label_filename`` per output), read once per loaded config."""
-        config = await self.backend.config(model, version)
-        cached = self._labels_cache.get((model, version))
-        if cached is not None and cached[0] is config:
-            return cached[1]
-        labels = await asyncio.to_thread(read_labels, self.catalog.entry(model).path, config)
-        self._labels_cache[(model, version)] = (config, labels)
-        return labels
 
     @staticmethod
     def _expired(request: InferRequest, where: str) -> DeadlineExceeded:
@@ -448,13 +437,6 @@ def _present(names: tuple[str, ...], outputs: list[InferOutput]) -> list[InferOu
     return [by_name[name] for name in names if name in by_name]
 
 
-def _check_classes(request: InferRequest, metadata: ModelMetadata) -> None:
-    """Refuse, before the model runs, a class count on an output whose type cannot be ranked."""
-    for spec in metadata.outputs:
-        if spec.name in request.classification:
-            check_classifiable(spec.name, spec.datatype)
-
-
 def format_duration(seconds: float) -> str:
     """``20.0 ms``, ``1 µs``: a deadline as a person reads it (a 1 µs budget must not print as ``0.0 ms``)."""
     if seconds < 1e-3:
@@ -469,36 +451,3 @@ def _known_number(version: str) -> int | None:
         return parse_version(version)
     except InvalidInput:
         return None
-
-
-@dataclass(frozen=True)
-class StatisticsReport:
-    model_stats: list[service_pb2.ModelStatistics]
-    """The backend's figures in Triton's message: the embedded backend's own, or Triton's."""
-    gateway_stats: list[dict[str, Any]]
-    """The gateway's hop (``Hops.json``) of the same versions, in the same order."""
-
-
-async def gather_statistics(
-    catalog: Catalog, backend: Backend, hops: Hops, model: str, version: int | None
-) -> StatisticsReport:
-    """Every ready version of every model (``model`` empty: as in Triton), of ``model``, or one ``version`` of it;
-    404 for a model the repository does not have, or one with no ready version, in Triton's words (Triton: 400)."""
-    loaded = backend.models()
-    hops.prune(loaded)
-    if model:
-        if model not in catalog.entries:
-            raise no_statistics(model, None, "the repository has no such model")
-        ready = sorted(v for v, state in loaded.get(model, {}).items() if state is VersionState.READY)
-        if version is not None and version not in ready:
-            listed = ", ".join(str(v) for v in ready) or "none"
-            raise no_statistics(model, version, f"version {version} is not ready (ready versions: {listed})")
-        if not ready:
-            raise no_statistics(model, None, "no version of it is ready")
-    found = await backend.statistics(model or None, version if model else None)
-    return StatisticsReport(found, [hops.json(stats.name, _number(stats.version)) for stats in found])
-
-
-def _number(version: str) -> int:
-    """A version as the backend spelled it (Triton: decimal digits); 0, which no version is, for anything else."""
-    return int(version) if version.isascii() and version.isdigit() else 0

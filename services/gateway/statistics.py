@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from tritonclient.grpc import service_pb2
 
 from services.gateway.batching.batcher import ExecutedBatch
+from services.gateway.errors import no_statistics
 from services.gateway.tensors.types import VersionState
 
 
@@ -180,3 +182,46 @@ class Hops:
             "backend": {"count": count, "ns": hop.backend_ns},
             "hop": {"count": count, "ns": max(hop.success_ns - hop.backend_ns, 0)},
         }
+
+
+@dataclass(frozen=True)
+class StatisticsReport:
+    model_stats: list[service_pb2.ModelStatistics]
+    """The backend's figures in Triton's message: the embedded backend's own, or Triton's."""
+    gateway_stats: list[dict[str, Any]]
+    """The gateway's hop (``Hops.json``) of the same versions, in the same order."""
+
+
+class StatisticsSource(Protocol):
+    """What the statistics extension reads of a backend (``backends.base.Backend`` has it; named here so that this
+    module, which the embedded backend imports, does not import the backends)."""
+
+    def models(self) -> Mapping[str, Mapping[int, VersionState]]: ...
+
+    async def statistics(self, model: str | None, version: int | None) -> list[service_pb2.ModelStatistics]: ...
+
+
+async def gather_statistics(
+    known: Mapping[str, object], backend: StatisticsSource, hops: Hops, model: str, version: int | None
+) -> StatisticsReport:
+    """Every ready version of every model (``model`` empty: as in Triton), of ``model``, or one ``version`` of it;
+    ``known``: the repository's models. 404 for a model the repository does not have, or one with no ready version,
+    in Triton's words (Triton: 400)."""
+    loaded = backend.models()
+    hops.prune(loaded)
+    if model:
+        if model not in known:
+            raise no_statistics(model, None, "the repository has no such model")
+        ready = sorted(v for v, state in loaded.get(model, {}).items() if state is VersionState.READY)
+        if version is not None and version not in ready:
+            listed = ", ".join(str(v) for v in ready) or "none"
+            raise no_statistics(model, version, f"version {version} is not ready (ready versions: {listed})")
+        if not ready:
+            raise no_statistics(model, None, "no version of it is ready")
+    found = await backend.statistics(model or None, version if model else None)
+    return StatisticsReport(found, [hops.json(stats.name, _number(stats.version)) for stats in found])
+
+
+def _number(version: str) -> int:
+    """A version as the backend spelled it (Triton: decimal digits); 0, which no version is, for anything else."""
+    return int(version) if version.isascii() and version.isdigit() else 0

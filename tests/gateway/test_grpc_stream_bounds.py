@@ -86,7 +86,8 @@ async def test_a_stream_reads_no_more_requests_than_it_may_serve_at_once(
     served = asyncio.create_task(collect(streams.serve(sender.__aiter__(), Call(), lambda name: None,
                                                        (None, None, None)), got))
     assert await wait_until_async(lambda: len(backend.calls) == 2)
-    await asyncio.sleep(0.05)  # time for a gateway that read on to show it
+    for _ in range(50):  # loop turns, not wall time: a reader that did not wait for a slot would read on in these
+        await asyncio.sleep(0)
     assert (sender.read, len(backend.calls), got) == (2, 2, [])
     backend.hold.set()
     assert await wait_until_async(lambda: len(got) == 5)

@@ -7,6 +7,7 @@ Ties keep the lower index first (Triton's sort leaves their order unspecified)."
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from services.gateway.errors import InferenceFailed, InvalidInput
 from services.gateway.tensors.bytes_codec import BYTES
-from services.gateway.tensors.types import Array, InferOutput
+from services.gateway.tensors.types import Array, InferOutput, ModelMetadata
 
 CLASSIFICATION = "classification"
 """The output parameter that asks for it (tritonclient's ``class_count``), in HTTP JSON and gRPC alike."""
@@ -90,3 +91,25 @@ def read_labels(model_dir: Path, config: mc.ModelConfig) -> dict[str, list[str]]
             ) from None
         found[output.name] = text.splitlines()
     return found
+
+
+def check_classes(classification: Mapping[str, int], metadata: ModelMetadata) -> None:
+    """Refuse, before the model runs, a class count on an output whose type cannot be ranked."""
+    for spec in metadata.outputs:
+        if spec.name in classification:
+            check_classifiable(spec.name, spec.datatype)
+
+
+class LabelsCache:
+    """Each loaded version's labels (``label_filename`` per output), read once per loaded config."""
+
+    def __init__(self) -> None:
+        self._read: dict[tuple[str, int], tuple[mc.ModelConfig, Labels]] = {}
+
+    async def of(self, model: str, version: int, config: mc.ModelConfig, model_dir: Path) -> Labels:
+        cached = self._read.get((model, version))
+        if cached is not None and cached[0] is config:
+            return cached[1]
+        labels = await asyncio.to_thread(read_labels, model_dir, config)
+        self._read[(model, version)] = (config, labels)
+        return labels
