@@ -80,6 +80,7 @@ bench: install
 	@if [ -z "$$(ls -d $(REPO)/*/ 2>/dev/null)" ]; then $(MAKE) --no-print-directory models; fi
 	$(BIN)/python loadtests/bench.py --repository $(REPO)
 	$(BIN)/python loadtests/bench_triton.py --repository $(REPO)
+	$(BIN)/python loadtests/bench_workers.py --repository $(REPO)
 
 # Headless locust (loadtests/locustfile.py) against a running gateway: HTTP JSON + binary, gRPC and the ops user
 # switching versions (needs SWITCHYARD_ADMIN_TOKEN in the environment). gRPC goes to GRPC_TARGET (HOST:PORT); left

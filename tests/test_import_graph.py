@@ -12,7 +12,7 @@ from tests.import_graph import cycles, import_graph, layer_cycles, package_edges
 
 GATEWAY = "services.gateway"
 LAYERS: list[tuple[str, set[str]]] = [
-    ("wiring", {"__init__", "cli", "settings_cli", "server", "app"}),
+    ("wiring", {"__init__", "cli", "settings_cli", "server", "app", "workers"}),
     ("edges", {"admin", "tuning", "rest", "grpc_api", "repository_api"}),
     ("data plane", {"dataplane"}),
     ("versions", {"versions", "state"}),

@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Protocol
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -32,8 +33,10 @@ from services.gateway.rest.openapi import install_openapi
 from services.gateway.rest.repository_routes import RepositoryEndpoints, add_repository_routes
 from services.gateway.rest.shared_memory import SharedMemoryEndpoints, shared_memory_routes
 from services.gateway.settings import Settings
+from services.gateway.shaping.node_share import NodeShare
 from services.gateway.shaping.shaper import Shaper
 from services.gateway.state import FileStateStore, RedisStateStore, StateStore, default_state_path
+from services.gateway.state.worker_view import WorkerFileView
 from services.gateway.tensors.shared_memory import SharedMemoryRegions
 from services.gateway.tuning.service import TuneService
 from services.gateway.versions.leases import Leases
@@ -47,6 +50,23 @@ log = logging.getLogger(__name__)
 
 class BackendNotImplemented(Exception):
     """The configured backend is not available in this build."""
+
+
+class NodeWorker(Protocol):
+    """This process as one of a node's workers (``serve --workers N``; ``workers/node.py`` is the one there is)."""
+
+    acting: bool
+    """Whether it runs the node's version actions (worker 0)."""
+    share: NodeShare
+    """The node's shared rate-limit buckets and concurrency counts, attached by this process."""
+
+    async def join(
+        self, app: FastAPI, dataplane: DataPlane, manager: VersionManager, repository: RepositoryApi
+    ) -> None:
+        """Once the worker's models are loaded: take the node's internal calls, and answer for the node."""
+        ...
+
+    async def leave(self) -> None: ...
 
 
 def build_backend(
@@ -68,9 +88,13 @@ def state_path(settings: Settings) -> Path:
     return path
 
 
-def state_store(settings: Settings) -> StateStore:
+def state_store(settings: Settings, node: NodeWorker | None = None) -> StateStore:
+    """``node``: with several workers, only worker 0 opens the routing file (and holds its lock); the others read
+    it. On Redis every worker is a replica, as separate gateways are."""
     if settings.redis_url:
         return RedisStateStore(settings.redis_url, prefix=settings.redis_prefix, lock_ttl_s=settings.redis_lock_ttl_s)
+    if node is not None and not node.acting:
+        return WorkerFileView(state_path(settings))
     return FileStateStore(state_path(settings))
 
 
@@ -91,21 +115,23 @@ def create_app(
     backend: Backend | None = None,
     registry: CollectorRegistry | None = None,
     config_transform: ConfigTransform | None = None,
+    node: NodeWorker | None = None,
 ) -> FastAPI:
     """``app.state.dataplane`` is the core, ``app.state.manager`` the version manager; ``app.state.grpc_port`` is
-    the bound gRPC port once started. ``backend`` replaces the one ``settings`` name (tests)."""
+    the bound gRPC port once started. ``backend`` replaces the one ``settings`` name (tests). ``node``: this
+    process is one of the node's workers (``serve --workers N``)."""
     metrics = GatewayMetrics(registry if registry is not None else CollectorRegistry())
     catalog = Catalog(settings.repository)
     if backend is None:
         backend = build_backend(settings, catalog, metrics, config_transform)
     router, leases = Router(catalog, backend), Leases(metrics)
-    store = state_store(settings)
+    store = state_store(settings, node)
     windows, shadows = TrafficWindows(), ShadowRunner(backend, leases, metrics, settings.shadow_max_pending)
     manager = VersionManager(settings, catalog, backend, router, leases, store, metrics, windows, shadows)
     repository_api = RepositoryApi(
         manager, RepositoryAuth(AdminAuth(settings.admin_token), open_api=settings.repository_api_open)
     )
-    shaper = Shaper(settings, metrics)
+    shaper = Shaper(settings, metrics, share=node.share if node is not None else None)
     regions = SharedMemoryRegions(
         enabled=settings.shared_memory,
         max_regions=settings.shared_memory_max_regions,
@@ -121,7 +147,7 @@ def create_app(
         conflict = runtime_conflict()
         if conflict is not None:
             log.error("%s", conflict)
-        await manager.start()
+        await manager.start(acting=node is None or node.acting)
         live.start()
         grpc_server = None
         if settings.grpc_port is not None:
@@ -138,14 +164,19 @@ def create_app(
                 health_max_watches=settings.grpc_health_max_watches,
                 stream_max_inflight=settings.stream_max_inflight,
                 stream_idle_timeout_s=settings.stream_idle_timeout_s,
+                reuse_port=node is not None,
             )
             log.info("gRPC listening on %s:%d", settings.host, app.state.grpc_port)
+        if node is not None:
+            await node.join(app, dataplane, manager, repository_api)
         if settings.gc_freeze:
             gc.collect()
             gc.freeze()
         try:
             yield
         finally:
+            if node is not None:
+                await node.leave()
             if grpc_server is not None:
                 await grpc_server.stop(settings.grpc_shutdown_grace_s)
             await live.close()
@@ -162,6 +193,7 @@ def create_app(
     app.state.manager = manager
     app.state.live = live
     app.state.grpc_port = None
+    app.state.repository_api = repository_api
     app.lane = InferLane(dataplane, max_body_bytes=settings.max_body_bytes)
     add_routes(app, Endpoints(dataplane), app.lane)
     app.router.routes.extend(generate_routes(dataplane, max_body_bytes=settings.max_body_bytes))

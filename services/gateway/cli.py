@@ -37,6 +37,11 @@ def serve(
     grpc_port: Annotated[
         int, typer.Option(help="gRPC port (KServe v2 GRPCInferenceService).", envvar="SWITCHYARD_GRPC_PORT")
     ] = 8001,
+    workers: Annotated[
+        int,
+        typer.Option(help="Worker processes sharing the ports (one event loop each); 0: one per core.",
+                     envvar="SWITCHYARD_WORKERS", min=0),
+    ] = 1,
 ) -> None:
     """Serve the repository's models over KServe v2 HTTP and gRPC.
 
@@ -70,6 +75,7 @@ def serve(
             host=host,
             port=port,
             grpc_port=grpc_port,
+            workers=workers,
         )
     except ValidationError as exc:
         for problem in exc.errors():
@@ -86,7 +92,16 @@ def serve(
 
         transform = derive_config
     try:
-        run_server(settings, transform)
+        if settings.workers == 1:
+            run_server(settings, transform)
+            return
+        from services.gateway.server import check_startup
+        from services.gateway.workers.supervisor import supervise
+
+        check_startup(settings)  # one clear line before any worker starts, as with one process
+        code = supervise(settings, transform)
     except (BackendNotImplemented, RepositoryError, StateError, ApiKeysError, LimitsError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+    if code:
+        raise typer.Exit(code)

@@ -39,6 +39,7 @@ from services.gateway.tensors.shared_memory import SharedMemoryRegions
 from services.gateway.tensors.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
 from services.gateway.tensors.validation import validate
 from services.gateway.versions.leases import Leases
+from services.gateway.versions.node import NodeFigures
 from services.gateway.versions.numbers import parse_version
 from services.gateway.versions.routing import Header, Router
 from services.gateway.versions.shadow import ShadowRunner
@@ -81,6 +82,8 @@ class DataPlane:
         self._decoupled: Callable[[str], bool] = getattr(backend, "decoupled", _answers_once)  # test doubles too
         self._class_labels = LabelsCache()
         self._stream_series: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self.node: NodeFigures | None = None
+        """The node's other workers (``serve --workers N``): readiness, metrics and statistics answer for the node."""
 
     async def live(self) -> bool:
         """The gateway answering is its liveness. A dead backend makes it unready, not dead: a liveness
@@ -88,6 +91,10 @@ class DataPlane:
         return True
 
     async def ready(self) -> bool:
+        """This worker ready (``ready_here``), and with several workers every other one too: the node's answer."""
+        return await self.ready_here() and (self.node is None or await self.node.ready())
+
+    async def ready_here(self) -> bool:
         """Ready when the backend is live and every model has settled: its stable version serves, or it failed
         for a reason waiting will not fix (logged, and told on ``/v2/models/{m}/ready``). One broken model must
         not keep a multi-model gateway out of its load balancer; a model still loading does."""
@@ -130,7 +137,12 @@ class DataPlane:
         return await self.backend.config(model, self.resolve(model, version))
 
     async def statistics(self, model: str, version: int | None) -> StatisticsReport:
-        """The statistics extension: ``model`` empty for every model, ``version`` ``None`` for every ready one."""
+        """The statistics extension: ``model`` empty for every model, ``version`` ``None`` for every ready one; the
+        node's figures with several workers."""
+        local = await self.statistics_here(model, version)
+        return local if self.node is None else await self.node.statistics(local, model, version)
+
+    async def statistics_here(self, model: str, version: int | None) -> StatisticsReport:
         return await gather_statistics(self.catalog.entries, self.backend, self.hops, model, version)
 
     async def infer(self, request: InferRequest, *, protocol: str, header: Header | None = None) -> InferResponse:

@@ -65,10 +65,16 @@ def check_fd_limit(settings: Settings) -> None:
         )
 
 
+def check_startup(settings: Settings) -> None:
+    """Raises ``RepositoryError`` / ``StateError`` (one line each) when the gateway cannot start; warns of a file
+    descriptor limit too low for its connections."""
+    check_fd_limit(settings)
+    asyncio.run(preflight(settings))
+
+
 def serve(settings: Settings, config_transform: ConfigTransform | None = None) -> None:
     """Raises ``RepositoryError`` / ``StateError`` (one line each) when the gateway cannot start."""
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    check_fd_limit(settings)
-    asyncio.run(preflight(settings))
+    check_startup(settings)
     app = create_app(settings, config_transform=config_transform)
     uvicorn.Server(uvicorn_config(settings, app)).run()

@@ -77,8 +77,14 @@ class Settings(BaseSettings):
     """HTTP port (KServe v2 REST, /metrics); 0 picks a free one."""
     grpc_port: int | None = 8001
     """gRPC port (KServe v2 GRPCInferenceService); 0 picks a free one, None disables gRPC."""
+    workers: int = 1
+    """Worker processes serving the same HTTP and gRPC ports (``SO_REUSEPORT``), one event loop each; 0: one per
+    core the process may use (its CPU affinity, within a container's CPU limit). They share one routing state
+    (worker 0 runs the version actions), one set of figures (``/metrics``, the statistics extension, readiness
+    answer for the node) and the rate limits and concurrency caps."""
     intra_op_threads: int | None = None
-    """Threads per model instance for onnxruntime / libtorch; None: CPU count / instance count."""
+    """Threads per model instance for onnxruntime / libtorch; None: the process's share of the cores (CPU count /
+    workers) / instance count."""
     intra_op_spinning: bool = False
     """Let onnxruntime's idle threads spin: lower latency, but they compete with the event loop for CPU."""
     batch_adaptive_delay: bool = True
@@ -182,7 +188,7 @@ class Settings(BaseSettings):
             "max_body_bytes": self.max_body_bytes, "max_concurrency": self.max_concurrency,
             "max_queue": self.max_queue, "embedded_max_queue": self.embedded_max_queue,
             "rate_limit_burst": self.rate_limit_burst, "shared_memory_max_regions": self.shared_memory_max_regions,
-            "shared_memory_max_bytes": self.shared_memory_max_bytes,
+            "shared_memory_max_bytes": self.shared_memory_max_bytes, "workers": self.workers,
         }
         for name, value in counts.items():
             if value < 0:

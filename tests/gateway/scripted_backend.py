@@ -51,6 +51,8 @@ class ScriptedBackend:
 
     states: dict[int, VersionState] = field(default_factory=lambda: {1: VersionState.READY})
     delay_s: float = 0.0
+    version_delay_s: dict[int, float] = field(default_factory=dict)
+    """A further delay for the versions listed (a slow shadow or canary)."""
     failure: Exception | None = None
     """Raised by ``infer``: a ``GatewayError`` the backend means, anything else a bug."""
     calls: list[tuple[int, float | None, int]] = field(default_factory=list)
@@ -142,8 +144,8 @@ class ScriptedBackend:
         self.calls.append((version, timeout_s, priority))
         if self.hold is not None:
             await self.hold.wait()
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+        if self.delay_s or version in self.version_delay_s:
+            await asyncio.sleep(self.delay_s + self.version_delay_s.get(version, 0.0))
         if self.failure is not None:
             raise self.failure
         x = request.inputs[0].data

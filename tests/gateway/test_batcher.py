@@ -218,6 +218,23 @@ async def test_batcher_skips_queue_delay_when_recent_batches_were_single_rows() 
     assert set(execute.batches) == {1}
 
 
+@pytest.mark.slow  # wall-clock figures; ~1.3 s of queue delays while the batch size settles
+async def test_batcher_runs_a_closed_loops_batch_without_delay_once_it_is_as_big_as_recent_ones() -> None:
+    """Eight clients in a closed loop: every batch holds all eight, and no ninth request will come. Once recent
+    batches were that size, a batch of eight runs when the eighth arrives instead of idling out the delay."""
+    execute = Recorder()
+    batcher = await started(execute, max_batch_size=16, max_queue_delay_s=0.1)
+    loop = asyncio.get_running_loop()
+    rounds = []
+    for i in range(25):  # the recent size falls from 16 to 8 as a moving average: ~13 batches
+        began = loop.time()
+        await asyncio.gather(*(batcher.submit(rows(1, 8 * i + k)) for k in range(8)))
+        rounds.append(loop.time() - began)
+    await batcher.close()
+    assert execute.batches[-5:] == [8] * 5
+    assert max(rounds[-5:]) < 0.05, rounds  # the delay (0.1 s) was not spent
+
+
 @pytest.mark.slow  # wall-clock figures
 async def test_batcher_always_waits_queue_delay_when_adaptive_delay_off() -> None:
     execute = Recorder()

@@ -7,6 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 from services.gateway.backends.placement import Placement, RunCost
 from services.gateway.tensors.types import Array
@@ -52,6 +53,52 @@ async def test_placement_never_runs_inline_when_the_bound_is_zero() -> None:
         for _ in range(5):
             await placement.execute({"x": np.ones((1, 2), np.float32)})
     assert (placement.inline_runs, placement.thread_runs) == (0, 5)
+
+
+async def test_placement_never_runs_inline_a_model_whose_run_time_follows_its_data() -> None:
+    with ThreadPoolExecutor(1) as pool:
+        placement = Placement(run_costing(0.0), pool, batching=True, inline_below_s=0.0002, steady=False)
+        for _ in range(5):
+            await placement.execute({"x": np.ones((1, 2), np.float32)})
+    assert (placement.inline_runs, placement.thread_runs) == (0, 5)
+
+
+async def test_placement_sends_rows_wider_than_any_measured_to_threads_first() -> None:
+    with ThreadPoolExecutor(1) as pool:
+        placement = Placement(run_costing(0.00001), pool, batching=True, inline_below_s=0.0002)
+        for _ in range(3):
+            await placement.execute({"x": np.ones((2, 8), np.float32)})
+        assert (placement.inline_runs, placement.thread_runs) == (2, 1)
+        await placement.execute({"x": np.ones((1, 64), np.float32)})  # a longer sequence than seen: measured first
+        assert (placement.inline_runs, placement.thread_runs) == (2, 2)
+        await placement.execute({"x": np.ones((1, 64), np.float32)})
+        await placement.execute({"x": np.ones((1, 16), np.float32)})  # no wider than one measured
+        assert (placement.inline_runs, placement.thread_runs) == (4, 2)
+
+
+async def test_placement_counts_text_rows_by_their_characters() -> None:
+    with ThreadPoolExecutor(1) as pool:
+        placement = Placement(lambda inputs: inputs, pool, batching=True, inline_below_s=0.0002)
+        for _ in range(3):
+            await placement.execute({"text": np.array(["short"] * 2, dtype=object)})
+        assert placement.thread_runs == 1
+        await placement.execute({"text": np.array(["a far longer text than any seen before"], dtype=object)})
+    assert placement.thread_runs == 2
+
+
+async def test_placement_stops_inlining_after_a_run_overruns_its_budget(caplog: pytest.LogCaptureFixture) -> None:
+    costs = iter([0.0, 0.0, 0.0, 0.02, 0.0, 0.0])
+
+    def run(inputs: dict[str, Array]) -> dict[str, Array]:
+        busy(next(costs))
+        return inputs
+
+    with ThreadPoolExecutor(1) as pool:
+        placement = Placement(run, pool, batching=True, inline_below_s=0.0002, label="'loopy' version 1")
+        for _ in range(6):
+            await placement.execute({"x": np.ones((1, 2), np.float32)})
+    assert (placement.inline_runs, placement.thread_runs) == (3, 3)  # measured, 2 inline, the overrun, then threads
+    assert "model 'loopy' version 1: a batch of 1 row(s) expected to take under 200 us took" in caplog.text
 
 
 def test_run_cost_fits_fixed_and_per_row_parts_when_batch_sizes_vary() -> None:

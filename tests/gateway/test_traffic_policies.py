@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections import Counter
 
 import httpx
@@ -114,6 +115,27 @@ async def test_shadow_answers_are_compared_and_never_served_when_sampled(
     assert sum(1 for call in backend.calls if call[0] == 2) >= 30
     cleared = await client.put("/admin/models/double/shadow", headers=ADMIN, json={"version": None})
     assert cleared.json()["routing"]["shadow"] is None
+
+
+async def test_shadow_calls_never_hold_up_the_answers_they_copy(
+    client: httpx.AsyncClient, backend: ScriptedBackend, registry: CollectorRegistry
+) -> None:
+    backend.version_delay_s[2] = 2.0  # a shadow version far slower than the stable one
+    await client.put("/admin/models/double/shadow", headers=ADMIN, json={"version": 2, "percent": 100})
+    started = time.monotonic()
+    answers = [await client.post("/v2/models/double/infer", json=body()) for _ in range(10)]
+    elapsed = time.monotonic() - started
+    assert [a.status_code for a in answers] == [200] * 10
+    assert elapsed < 2.0, f"10 answers took {elapsed:.2f} s: they waited for their 2 s shadow calls"
+    ok, dropped = ({"model": "double", "result": r} for r in ("ok", "dropped"))
+
+    def shadowed() -> float:
+        return (registry.get_sample_value("switchyard_shadow_requests_total", ok) or 0.0) + (
+            registry.get_sample_value("switchyard_shadow_requests_total", dropped) or 0.0)
+
+    assert await wait_until_async(lambda: shadowed() == 10)  # each copied: compared once done, or dropped
+    assert (registry.get_sample_value("switchyard_shadow_requests_total", ok) or 0.0) >= 1
+    await client.put("/admin/models/double/shadow", headers=ADMIN, json={"version": None})
 
 
 async def test_shadow_share_is_a_percent_and_the_old_fraction_is_taken_with_a_deprecation_note(

@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from services.gateway.settings import Settings
 from tests.gateway_harness import RunningGateway, running_gateway
-from tests.shaping_models import heavy_rows, shaping_repository
+from tests.shaping_models import busy_inputs, heavy_rows, shaping_repository
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.slow
@@ -187,25 +187,29 @@ def test_rest_answers_504_without_executing_when_deadline_passes_in_queue(
 def test_grpc_answers_deadline_exceeded_without_executing_when_call_deadline_passes(
     shaped: RunningGateway, web: httpx.Client
 ) -> None:
-    slow_body, headers = heavy_body(256)
-    url = f"http://{shaped.http_url}/v2/models/heavy/infer"
-    before = executions(shaped)
-    deadlines_before = shaped.metric("switchyard_rejected_total", model="heavy", reason="deadline")
-    slow = _in_thread(lambda: web.post(url, content=slow_body, headers=headers, timeout=30))
-    _wait_for_inflight(shaped)
+    # ``busy`` runs as long as asked (~1 s here), so the late call's 0.3 s deadline surely reaches the gateway and
+    # surely passes while it waits: a deadline of a few ms could expire in the client or in grpc's core before the
+    # gateway sees the call, and then nothing of ours would count it.
+    before = executions(shaped, "busy")
+    deadlines_before = shaped.metric("switchyard_rejected_total", model="busy", reason="deadline")
+    slow = _in_thread(lambda: web.post(f"http://{shaped.http_url}/v2/models/busy/infer", json=_busy_body(100_000),
+                                       headers=FREE, timeout=30))
+    _wait_for_inflight(shaped, "busy")
     channel = grpc.insecure_channel(shaped.grpc_url)
     try:
         with pytest.raises(grpc.RpcError) as late:
-            _stub(channel).ModelInfer(_grpc_request(1), metadata=(("x-api-key", "k-free-0123"),), timeout=0.005)
+            _stub(channel).ModelInfer(_busy_grpc_request(1), metadata=(("x-api-key", "k-free-0123"),), timeout=0.3)
         assert isinstance(late.value, grpc.Call)
         assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        still_running = shaped.metric("switchyard_admission_executing", model="busy")
     finally:
         channel.close()
     assert slow.result().status_code == 200
-    deadlines = eventually(lambda: shaped.metric("switchyard_rejected_total", model="heavy", reason="deadline"),
+    assert still_running == 1, "the slow request ended before the late call's deadline: make it slower"
+    deadlines = eventually(lambda: shaped.metric("switchyard_rejected_total", model="busy", reason="deadline"),
                            deadlines_before + 1)
     assert deadlines == deadlines_before + 1
-    assert executions(shaped) - before == 1
+    assert executions(shaped, "busy") - before == 1  # only the slow one ran
 
 
 def test_rest_and_grpc_shed_lowest_priority_first_when_queue_full(shaped: RunningGateway, web: httpx.Client) -> None:
@@ -279,9 +283,9 @@ def _in_thread(call: Callable[[], httpx.Response]) -> _Result:
     return result
 
 
-def _wait_for_inflight(gateway: RunningGateway) -> None:
+def _wait_for_inflight(gateway: RunningGateway, model: str = "heavy") -> None:
     deadline = time.monotonic() + 10
-    while gateway.metric("switchyard_admission_executing", model="heavy") < 1:
+    while gateway.metric("switchyard_admission_executing", model=model) < 1:
         assert time.monotonic() < deadline, "the slow request never started"
         time.sleep(0.002)
 
@@ -303,4 +307,18 @@ def _grpc_request(rows: int) -> Any:
     request = service_pb2.ModelInferRequest(model_name="heavy")
     request.inputs.add(name="input", datatype="FP32", shape=[rows, 1024])
     request.raw_input_contents.append(heavy_rows(rows).tobytes())
+    return request
+
+
+def _busy_body(iterations: int) -> dict[str, Any]:
+    inputs = busy_inputs(iterations)
+    return {"inputs": [{"name": name, "shape": list(value.shape), "datatype": "FP32" if name == "x" else "INT64",
+                        "data": value.ravel().tolist()} for name, value in inputs.items()]}
+
+
+def _busy_grpc_request(iterations: int) -> Any:
+    request = service_pb2.ModelInferRequest(model_name="busy")
+    for name, value in busy_inputs(iterations).items():
+        request.inputs.add(name=name, datatype="FP32" if name == "x" else "INT64", shape=list(value.shape))
+        request.raw_input_contents.append(value.tobytes())
     return request

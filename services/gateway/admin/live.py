@@ -12,7 +12,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +84,9 @@ class LiveFigures:
         self.reads = 0
         """How many times the counters were read (tests, and a curious operator)."""
         self._task: asyncio.Task[None] | None = None
+        self.source: Callable[[], Awaitable[Iterable[Any]]] | None = None
+        """Where the counters are read instead of this process's registry (``serve --workers N``: the node's
+        families, every worker's merged), as metric families."""
 
     def start(self) -> None:
         self.sample()
@@ -104,15 +107,18 @@ class LiveFigures:
             if now - self._asked >= self.watched_s and now - last < self.idle_period_s - self.period_s / 2:
                 continue  # nobody watching: a read every idle period is history enough
             try:
-                self.sample()
+                self.sample(await self.source() if self.source is not None else None)
             except Exception:  # the console's figures must never take the gateway down
                 log.exception("reading the live figures failed")
 
-    def sample(self) -> None:
-        """Read the counters once: every ``period_s`` while a console watches, every ``idle_period_s`` otherwise."""
+    def sample(self, families: Iterable[Any] | None = None) -> None:
+        """Read the counters once: every ``period_s`` while a console watches, every ``idle_period_s`` otherwise;
+        from ``families`` when given (the node's), else from this process's collectors."""
         versions: dict[tuple[str, int], dict[str, Any]] = {}
         shadows: dict[str, dict[str, Any]] = {}
-        for family in (family for collector in self._collectors for family in collector.collect()):
+        if families is None:
+            families = (family for collector in self._collectors for family in collector.collect())
+        for family in families:
             for sample in family.samples:
                 labels = sample.labels
                 model = labels.get("model", "")

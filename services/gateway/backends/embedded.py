@@ -72,7 +72,11 @@ class EmbeddedBackend:
         adaptive_delay: bool = True,
         max_queue: int = 1024,
         inline_below_s: float = 0.0,
+        cores: int | None = None,
     ) -> None:
+        """``cores``: this process's share of the machine's cores (``serve --workers N``: CPU count / N), which a
+        version's instances split between them unless ``intra_op_threads`` says otherwise."""
+        self._cores = cores
         self._max_queue = max_queue
         self._inline_below_s = inline_below_s
         self._catalog = catalog
@@ -139,7 +143,7 @@ class EmbeddedBackend:
             raise ModelNotReady(f"model '{model}' version {version} is already loading")
         config = entry.config
         instances = max((g.count for g in config.instance_group), default=1) or 1
-        threads = self._threads or max(1, (os.cpu_count() or 1) // instances)
+        threads = self._threads or max(1, (self._cores or os.cpu_count() or 1) // instances)
         slot = _Version(VersionState.LOADING, entry.metadata((version,)), config)
         versions[version] = slot
         pool = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"{model}-v{version}")
@@ -151,8 +155,18 @@ class EmbeddedBackend:
             slot.problem = f"loading failed: {exc}"
             raise GatewayError(f"loading model '{model}' version {version} failed: {exc}", 503) from exc
 
+        if runner.data_dependent:
+            log.info(
+                "model '%s' version %d: its run time can follow input values (%s), so its batches always run on its "
+                "worker threads", model, version, ", ".join(sorted(runner.data_dependent)),
+            )
         placement = Placement(
-            runner.run, pool, batching=config.max_batch_size > 0, inline_below_s=self._inline_below_s
+            runner.run,
+            pool,
+            batching=config.max_batch_size > 0,
+            inline_below_s=self._inline_below_s,
+            steady=not runner.data_dependent,
+            label=f"'{model}' version {version}",
         )
         slot.batcher = DynamicBatcher(
             placement.execute,

@@ -3,6 +3,8 @@ serving backend and the tuner's trial host are built here, from the same setting
 
 from __future__ import annotations
 
+import os
+
 from services.gateway.backends.embedded import EmbeddedBackend
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.repository import Catalog
@@ -25,4 +27,6 @@ def embedded_backend(
         adaptive_delay=settings.batch_adaptive_delay,
         max_queue=settings.embedded_max_queue,
         inline_below_s=settings.inline_batch_us / 1e6 if inline_batches else 0.0,
+        # N workers each hold their own sessions: each takes its share, so that they do not oversubscribe the cores.
+        cores=max(1, (os.cpu_count() or 1) // max(settings.workers, 1)),
     )

@@ -13,11 +13,17 @@ all per row (a CNN on one CPU thread, whose rows per second are the same at batc
 company, and while its batch waits for it the instance idles. For such a model an instance's next batch also forms
 while its current one runs (``forms_ahead``), and goes to the threads at once: a batch formed early loses nothing by
 being smaller, and the thread that finishes a batch starts the next without waiting for the event loop to hand it
-over."""
+over.
+
+The line only knows the shapes it has seen. A batch runs inline only when each of its rows is no bigger (in input
+elements, or characters for text) than the rows of a run already measured, so a first long sequence or large image
+goes to the threads; a model whose run time follows its input values (``steady=False``: a loop, a branch) never runs
+inline; and a run that still takes ``OVERRUN`` times the inline budget turns inlining off for the version, logged."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -25,6 +31,12 @@ from concurrent.futures import Executor
 from services.gateway.tensors.types import Array
 
 Run = Callable[[dict[str, Array]], dict[str, Array]]
+
+log = logging.getLogger(__name__)
+
+OVERRUN = 50
+"""An inline run that takes this many times ``inline_below_s`` of CPU stalled the loop for every other request: the
+version's batches go to its threads from then on."""
 
 
 class RunCost:
@@ -75,11 +87,17 @@ AHEAD_UNTIL_SAVING = 2 * WAIT_SAVING
 
 
 class Placement:
-    def __init__(self, run: Run, pool: Executor, *, batching: bool, inline_below_s: float) -> None:
+    def __init__(
+        self, run: Run, pool: Executor, *, batching: bool, inline_below_s: float, steady: bool = True, label: str = ""
+    ) -> None:
+        """``steady``: whether the model's run time follows its input shapes alone; ``label`` names it in logs."""
         self._run = run
         self._pool = pool
         self._batching = batching
-        self._below = inline_below_s
+        self._below = inline_below_s if steady else 0.0
+        self._label = label
+        self._widest = 0.0
+        """The most input elements (characters for text) per row of any run measured."""
         self.cost = RunCost()
         self.inline_runs = 0
         self.thread_runs = 0
@@ -112,16 +130,29 @@ class Placement:
         """The outputs, and how long the batch waited for a worker thread (a batch formed ahead waits for the run
         before it)."""
         rows = self._rows(inputs)
-        if not self.on_thread(rows):
+        width = _elements(inputs) / rows
+        if width <= self._widest and not self.on_thread(rows):
             began = time.thread_time()
             outputs = self._run(inputs)
-            self.cost.add(rows, time.thread_time() - began)
+            spent = time.thread_time() - began
+            self.cost.add(rows, spent)
             self.inline_runs += 1
+            if spent > OVERRUN * self._below:
+                self._overran(rows, spent)
             return outputs, 0.0
         self.thread_runs += 1
         handed = time.monotonic()
         outputs, started = await asyncio.get_running_loop().run_in_executor(self._pool, self._timed, inputs, rows)
+        self._widest = max(self._widest, width)
         return outputs, max(started - handed, 0.0)
+
+    def _overran(self, rows: int, spent: float) -> None:
+        log.warning(
+            "model %s: a batch of %d row(s) expected to take under %.0f us took %.1f ms on the event loop's thread; "
+            "its batches run on its worker threads from now on",
+            self._label or "(unnamed)", rows, self._below * 1e6, spent * 1e3,
+        )
+        self._below = 0.0
 
     def _timed(self, inputs: dict[str, Array], rows: int) -> tuple[dict[str, Array], float]:
         """In the worker thread: the run, when it started, and its CPU time (not the wait for the GIL) as an
@@ -138,3 +169,11 @@ class Placement:
             return 1
         first = next(iter(inputs.values()))
         return max(int(first.shape[0]), 1) if first.ndim else 1
+
+
+def _elements(inputs: dict[str, Array]) -> int:
+    """A batch's size for comparing rows: its input elements, counting a text element by its characters."""
+    total = 0
+    for value in inputs.values():
+        total += sum(len(item) for item in value.flat) if value.dtype == object else int(value.size)
+    return total

@@ -17,6 +17,7 @@ import onnxruntime as ort
 from tritonclient.grpc import model_config_pb2
 
 from services.extras import require
+from services.gateway.backends.data_dependence import onnx_data_dependent_ops, torchscript_data_dependent_kinds
 from services.gateway.errors import InvalidInput
 from services.gateway.tensors.bytes_codec import BYTES, decoded, encoded, is_bytes
 from services.gateway.tensors.types import Array, InferInput
@@ -24,6 +25,9 @@ from services.modelrepo import layout
 
 
 class Runner(Protocol):
+    data_dependent: frozenset[str]
+    """The model's ops whose work follows input values, not only their shapes (empty: its cost follows shapes)."""
+
     def run(self, inputs: dict[str, Array]) -> dict[str, Array]:
         """Inputs and outputs keyed by config tensor name, batch dim first."""
 
@@ -80,6 +84,7 @@ class OnnxRunner:
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         self._session: Any = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self._outputs = output_names
+        self.data_dependent = frozenset(onnx_data_dependent_ops(path))
 
     def run(self, inputs: dict[str, Array]) -> dict[str, Array]:
         results = self._session.run(self._outputs, inputs)
@@ -91,6 +96,7 @@ class TorchScriptRunner:
         self._torch: Any = require("torch", extra="export", feature="serving a TorchScript model")
         self._torch.set_num_threads(threads)
         self._module = self._torch.jit.load(str(path), map_location="cpu").eval()
+        self.data_dependent = frozenset(torchscript_data_dependent_kinds(self._module))
         self._inputs = input_names
         self._outputs = output_names
 

@@ -272,6 +272,10 @@ class DynamicBatcher:
                     continue
                 if rows in self._preferred or self._flush_due:
                     break
+                if self._policy.adaptive_delay and self._recent_rows < rows + 0.5:
+                    # The queue is drained and the batch is as big as recent ones: in a closed loop its company is
+                    # already in it (16 clients, 16 rows), and waiting would only idle for the rest of the delay.
+                    break
                 if timer is None:
                     remaining = flush_at - time.monotonic()
                     if remaining <= 0:
@@ -282,6 +286,8 @@ class DynamicBatcher:
                 # Woken when the queue could fill the batch or the delay is over, not by every arrival: each wake-up
                 # is a task switch, and while a batch forms under load most arrivals would only add one row.
                 self._wanted = self._target - rows
+                if self._policy.adaptive_delay:  # woken too once the batch is as big as recent ones
+                    self._wanted = max(min(self._wanted, round(self._recent_rows) - rows), 1)
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 self._wanted = 0

@@ -84,6 +84,7 @@ async def start_server(
     health_max_watches: int = 100,
     stream_max_inflight: int = 64,
     stream_idle_timeout_s: float = 300.0,
+    reuse_port: bool = False,
 ) -> tuple[GatewayServer, int]:
     """Start a ``grpc.aio`` server on the running loop (the same one uvicorn serves HTTP on).
 
@@ -92,7 +93,8 @@ async def start_server(
     long gets GOAWAY and closes; ``handshake_timeout_s``: a connection that has not completed the HTTP/2 handshake by
     then is closed (a silent socket). None: gRPC's defaults (never, and 120 s). ``health_interval_s`` and
     ``health_max_watches``: the standard health service's watches (``grpc_api/health.py``); ``stream_max_inflight`` and
-    ``stream_idle_timeout_s``: each ``ModelStreamInfer`` stream's bounds (``grpc_api/stream.py``)."""
+    ``stream_idle_timeout_s``: each ``ModelStreamInfer`` stream's bounds (``grpc_api/stream.py``). ``reuse_port``: the
+    node's workers listen on the same port (``serve --workers N``)."""
     options: list[tuple[str, int]] = [
         # gRPC's own limit sits above the gateway's so that a message over ``max_message_bytes`` reaches the
         # admission step, which refuses it (RESOURCE_EXHAUSTED) and counts it as REST counts a 413. Beyond twice
@@ -100,7 +102,9 @@ async def start_server(
         # an unbounded message.
         ("grpc.max_receive_message_length", receive_limit(max_message_bytes)),
         ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.so_reuseport", 0),
+        # Off unless the node's workers share the port: else a second gateway on the same port would take half of
+        # this one's calls instead of failing to start.
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
         ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
         # Both limits: gRPC refuses a random share of the calls between its soft and hard one; equal, it refuses
         # every call above them and none below.

@@ -3,7 +3,7 @@ calls and the request's parameters, then runs the action; the front ends only tr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from services.gateway.errors import InvalidInput
@@ -21,12 +21,18 @@ CONFIG = "config"
 FILE_PREFIX = "file:"
 UNLOAD_DEPENDENTS = "unload_dependents"
 
+Forward = Callable[[str, str, str | None, str], Awaitable[ActionReport]]
+"""Runs a load or unload elsewhere: (``"load"`` or ``"unload"``, model, config override, actor) -> its report. A
+worker of a node whose version actions run on worker 0 hands its repository actions there."""
+
 
 class RepositoryApi:
     def __init__(self, manager: VersionManager, auth: RepositoryAuth) -> None:
         self._manager = manager
         self._auth = auth
         self._actions = RepositoryActions(manager)
+        self.forward: Forward | None = None
+        """Set on a worker that hands its actions to worker 0 (``serve --workers N``); checked here first."""
 
     def authorize(self, authorization: str | None) -> str:
         """The caller's name for the audit log; 401 / 403 when it may not call the repository API."""
@@ -54,6 +60,8 @@ class RepositoryApi:
                 )
             else:
                 raise InvalidInput(f"unknown load parameter {name!r}; expected: '{CONFIG}'")
+        if self.forward is not None:
+            return await self.forward("load", model, override, actor)
         return await self._actions.load(model, override, actor)
 
     async def unload(self, model: str, parameters: Mapping[str, Parameter], actor: str) -> ActionReport:
@@ -64,4 +72,12 @@ class RepositoryApi:
                 raise InvalidInput(f"unknown unload parameter {name!r}; expected: '{UNLOAD_DEPENDENTS}'")
             if not isinstance(value, bool):
                 raise InvalidInput(f"the '{UNLOAD_DEPENDENTS}' parameter must be true or false, got {value!r}")
+        if self.forward is not None:
+            return await self.forward("unload", model, None, actor)
+        return await self._actions.unload(model, actor)
+
+    async def run(self, kind: str, model: str, override: str | None, actor: str) -> ActionReport:
+        """A load or unload handed over by another worker of the node (its checks done there)."""
+        if kind == "load":
+            return await self._actions.load(model, override, actor)
         return await self._actions.unload(model, actor)

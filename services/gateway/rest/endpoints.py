@@ -68,8 +68,13 @@ class Endpoints:
         return JSONBytesResponse({"model_stats": model_stats, "gateway_stats": report.gateway_stats})
 
     async def metrics(self, request: Request) -> Response:
-        registry = self._dataplane.metrics.registry
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        """This process's series; with several workers the node's (``?workers=each``: each worker's, labelled)."""
+        local = generate_latest(self._dataplane.metrics.registry)
+        node = self._dataplane.node
+        if node is None:
+            return Response(local, media_type=CONTENT_TYPE_LATEST)
+        merged = await node.metrics(local.decode(), per_worker=request.query_params.get("workers") == "each")
+        return Response(merged, media_type=CONTENT_TYPE_LATEST)
 
 
 def _target(request: Request) -> tuple[str, int | None]:

@@ -2,6 +2,10 @@
 highest priority first, and when it is full the lowest priority is turned away at once (never queued without bound).
 
 Priorities are ranks: 1 is the highest, larger numbers are lower (as Triton's ``priority_levels``).
+
+With ``node`` (``switchyard serve --workers N``) the limit holds for the node: a request executes when the node's
+workers together execute fewer than ``limit`` (node_share.py keeps the count). The queue, its bound and the
+shedding by priority stay per worker: each worker orders and sheds its own waiters.
 """
 
 from __future__ import annotations
@@ -12,6 +16,10 @@ import time
 from dataclasses import dataclass
 
 from services.gateway.errors import DeadlineExceeded, Overloaded
+from services.gateway.shaping.node_share import NodeSlots
+
+NODE_POLL_S = 0.001
+"""How often a worker with waiters looks whether another worker freed a slot of the node (it hears only of its own)."""
 
 
 @dataclass(slots=True)
@@ -21,13 +29,29 @@ class _Waiter:
 
 
 class ModelGate:
-    """The gate of one model. ``enter`` and ``leave`` run on the event loop: plain counters and deques, no locks."""
+    """The gate of one model. ``enter`` and ``leave`` run on the event loop: plain counters and deques, no locks.
 
-    def __init__(self, model: str, limit: int, max_queue: int, adaptive: AdaptiveLimit | None = None) -> None:
+    ``node``: the model's slots across the node's workers. Then a request enters when the NODE executes fewer than
+    ``limit`` (checked and taken under the node's file lock), ``inflight`` counts this worker's share of it, and
+    while this worker has waiters it polls the node every ``NODE_POLL_S`` for slots freed by other workers. The
+    queue bound and the priority shedding stay per worker. Without ``node`` nothing of this runs."""
+
+    def __init__(
+        self,
+        model: str,
+        limit: int,
+        max_queue: int,
+        adaptive: AdaptiveLimit | None = None,
+        *,
+        node: NodeSlots | None = None,
+    ) -> None:
         self.model = model
         self._max_limit = limit
         self._max_queue = max_queue
         self._adaptive = adaptive
+        self._node = node
+        self._poller: asyncio.Task[None] | None = None
+        """While this worker has waiters on a node gate: the task looking for slots other workers freed."""
         self.inflight = 0
         self._queues: dict[int, collections.deque[_Waiter]] = {}
         self.waiting = 0
@@ -39,7 +63,12 @@ class ModelGate:
     async def enter(self, rank: int, deadline: float | None) -> None:
         """Return once the request may execute; raise ``Overloaded`` (queue full, or pushed out by a higher
         priority) or ``DeadlineExceeded`` (its deadline passed while it waited). ``deadline``: monotonic time."""
-        if self.inflight < self.limit and not self.waiting:
+        node = self._node
+        if node is None:
+            if self.inflight < self.limit and not self.waiting:
+                self.inflight += 1
+                return
+        elif not self.waiting and node.try_take(self.limit):
             self.inflight += 1
             return
         if self.waiting >= self._max_queue:
@@ -47,6 +76,8 @@ class ModelGate:
         waiter = _Waiter(rank, asyncio.get_running_loop().create_future())
         self._queues.setdefault(rank, collections.deque()).append(waiter)
         self.waiting += 1
+        if node is not None and self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(self._poll_node(node))
         try:
             if deadline is None:
                 await waiter.future
@@ -61,7 +92,7 @@ class ModelGate:
             if isinstance(exc, TimeoutError):
                 raise DeadlineExceeded(
                     f"request to model '{self.model}' waited for a free slot until its deadline passed "
-                    f"({self.inflight} executing, {self.waiting} waiting)"
+                    f"({self._executing()}, {self.waiting} waiting)"
                 ) from None
             raise
 
@@ -70,12 +101,35 @@ class ModelGate:
         self.inflight -= 1
         if latency_s is not None and self._adaptive is not None:
             self._adaptive.observe(latency_s)
+        if self._node is not None:
+            self._node.give_back()
+            self._admit_from_node(self._node)
+            return
         while self.waiting and self.inflight < self.limit:
             waiter = self._pop_best()
             if waiter is None:
                 return
             self.inflight += 1
             waiter.future.set_result(None)
+
+    def _admit_from_node(self, node: NodeSlots) -> None:
+        """Hands this worker's best waiters the node's free slots, one slot taken before each waiter is woken."""
+        while self.waiting and node.try_take(self.limit):
+            waiter = self._pop_best()
+            if waiter is None:
+                node.give_back()
+                return
+            self.inflight += 1
+            waiter.future.set_result(None)
+
+    async def _poll_node(self, node: NodeSlots) -> None:
+        """Runs while this worker has waiters: another worker's ``leave`` cannot wake them, so they look."""
+        try:
+            while self.waiting:
+                await asyncio.sleep(NODE_POLL_S)
+                self._admit_from_node(node)
+        finally:
+            self._poller = None
 
     def _make_room(self, rank: int) -> None:
         """The queue is full: shed its newest lowest-priority waiter if the newcomer outranks it, else the newcomer."""
@@ -87,7 +141,12 @@ class ModelGate:
         shed.future.set_exception(self._refusal("a request of higher priority took its place in the queue"))
 
     def _refusal(self, why: str) -> Overloaded:
-        return Overloaded(f"model '{self.model}' is at its concurrency limit ({self.inflight} executing) and {why}")
+        return Overloaded(f"model '{self.model}' is at its concurrency limit ({self._executing()}) and {why}")
+
+    def _executing(self) -> str:
+        if self._node is None:
+            return f"{self.inflight} executing"
+        return f"{self._node.executing} executing on this node, {self.inflight} in this worker"
 
     def _pop_best(self) -> _Waiter | None:
         for rank in sorted(self._queues):

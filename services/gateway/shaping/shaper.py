@@ -18,6 +18,8 @@ from services.gateway.shaping.concurrency import AdaptiveLimit, ModelGate
 from services.gateway.shaping.deadlines import Deadlines, Priorities
 from services.gateway.shaping.keys import ANONYMOUS, ApiKeys, build_api_keys
 from services.gateway.shaping.limits import LimitTable
+from services.gateway.shaping.node_buckets import NodeRateLimiter
+from services.gateway.shaping.node_share import NodeShare, NodeSlots
 from services.gateway.shaping.ratelimit import LocalRateLimiter, RateLimiter
 from services.gateway.shaping.redis_buckets import RedisRateLimiter
 from services.gateway.tensors.types import InferRequest
@@ -44,10 +46,14 @@ class Shaper:
         *,
         keys: ApiKeys | None = None,
         limiter: RateLimiter | None = None,
+        share: NodeShare | None = None,
     ) -> None:
+        """``share``: the node's shared figures (``serve --workers N``): rate limits and concurrency caps hold for
+        the node, not for each worker."""
         self._metrics = metrics
+        self._share = share
         self.keys = keys if keys is not None else build_api_keys(settings)
-        self.limiter = limiter if limiter is not None else build_rate_limiter(settings)
+        self.limiter = limiter if limiter is not None else build_rate_limiter(settings, share)
         self.protect_metadata = settings.protect_metadata
         self.deadlines = Deadlines(_seconds(settings.default_timeout_ms), _seconds(settings.max_timeout_ms))
         self.priorities = Priorities(settings.priority_levels, settings.default_priority)
@@ -129,7 +135,8 @@ class Shaper:
         gate = self._gates.get(model)
         if gate is None:
             adaptive = AdaptiveLimit(self._concurrency) if self._adaptive else None
-            gate = self._gates[model] = ModelGate(model, self._concurrency, self._queue, adaptive)
+            node = NodeSlots(self._share, model) if self._share is not None else None
+            gate = self._gates[model] = ModelGate(model, self._concurrency, self._queue, adaptive, node=node)
             if self._metrics is not None:
                 self._metrics.queued.labels(model).set_function(lambda: gate.waiting)
                 self._metrics.executing.labels(model).set_function(lambda: gate.inflight)
@@ -149,12 +156,15 @@ def _seconds(millis: float) -> float | None:
     return millis / 1e3 if millis > 0 and math.isfinite(millis) else None
 
 
-def build_rate_limiter(settings: Settings) -> RateLimiter | None:
+def build_rate_limiter(settings: Settings, share: NodeShare | None = None) -> RateLimiter | None:
     """None when no rule limits anything; shared through Redis when ``redis_url`` is set (replicas share their
-    buckets as they share the routing), else per process. Raises ``LimitsError`` on invalid limits."""
+    buckets as they share the routing), else by the node's workers (``share``), else per process. Raises
+    ``LimitsError`` on invalid limits."""
     table = LimitTable(settings.rate_limit_rps, settings.rate_limit_burst, settings.limits_file)
     if not table.limited:
         return None
-    if settings.redis_url is None:
-        return LocalRateLimiter(table)
-    return RedisRateLimiter(settings.redis_url, settings.redis_prefix, table)
+    if settings.redis_url is not None:
+        return RedisRateLimiter(settings.redis_url, settings.redis_prefix, table)
+    if share is not None:
+        return NodeRateLimiter(table, share)
+    return LocalRateLimiter(table)

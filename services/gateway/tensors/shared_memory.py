@@ -155,6 +155,9 @@ class SharedMemoryRegions:
         self._root = root
         self._mirror = mirror
         self._regions: dict[tuple[str, str], Region] = {}
+        self.peers: RegionMirror | None = None
+        """The node's other workers (``serve --workers N``): a region registered or unregistered here is there too
+        (they map the same object; only this worker tells the mirror)."""
 
     @property
     def extensions(self) -> tuple[str, ...]:
@@ -202,6 +205,13 @@ class SharedMemoryRegions:
                 self._regions.pop((tenant, name), None)
                 region.close()
                 raise
+        if self.peers is not None:
+            try:
+                await self.peers.register(region)
+            except BaseException:
+                self._regions.pop((tenant, name), None)
+                await self._drop(region)
+                raise
         log.info("registered shared memory region '%s' (%s, %d bytes at offset %d)", name, key, byte_size, offset)
         return region
 
@@ -216,16 +226,39 @@ class SharedMemoryRegions:
             if region is not None:  # not dropped by a concurrent call meanwhile
                 await self._drop(region)
 
+    def adopt(self, tenant: str, name: str, key: str, offset: int, byte_size: int, remote_name: str | None) -> None:
+        """A region another worker of the node registered (and checked against the limits the node shares): mapped
+        here too, neither mirrored nor told further. Already known: nothing to do."""
+        if (tenant, name) in self._regions:
+            return
+        fd, object_size = self._open(name, key, offset, byte_size)
+        region = Region(name, key, offset, byte_size, tenant, fd, object_size)
+        region.remote_name = remote_name
+        self._regions[tenant, name] = region
+
+    def forget(self, tenant: str, name: str) -> None:
+        """A region another worker of the node unregistered: closed here (that worker told the mirror)."""
+        region = self._regions.pop((tenant, name), None)
+        if region is not None:
+            region.close()
+
+    def all(self) -> list[Region]:
+        """Every tenant's regions (a worker of the node that starts takes them over)."""
+        return list(self._regions.values())
+
     async def close(self) -> None:
-        """Close every region (the lifespan's shutdown), and unregister them from the mirror."""
+        """Close every region (the lifespan's shutdown), and unregister them from the mirror; the node's other
+        workers keep theirs (they stop on their own)."""
         regions, self._regions = list(self._regions.values()), {}
         for region in regions:
-            await self._drop(region)
+            await self._drop(region, tell_peers=False)
 
-    async def _drop(self, region: Region) -> None:
+    async def _drop(self, region: Region, *, tell_peers: bool = True) -> None:
         region.close()
         if self._mirror is not None:
             await self._mirror.unregister(region)
+        if tell_peers and self.peers is not None:
+            await self.peers.unregister(region)
 
     def _open(self, name: str, key: str, offset: int, byte_size: int) -> tuple[int, int]:
         """A read-write descriptor of the object, once it holds the window, and the object's size."""

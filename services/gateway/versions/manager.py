@@ -23,6 +23,7 @@ from services.gateway.tensors.types import VersionState
 from services.gateway.versions.comparison import compare_versions
 from services.gateway.versions.follow import poll, scan_repository
 from services.gateway.versions.leases import Leases
+from services.gateway.versions.node import NodeWorkers
 from services.gateway.versions.progress import GATEWAY, ActionReport, Progress, Steps
 from services.gateway.versions.replicas import catch_up, follow
 from services.gateway.versions.reports import failed, finish
@@ -67,15 +68,21 @@ class VersionManager:
         self.notes: dict[tuple[str, int], str] = {}
         """(model, version) -> what to know of a version that serves: its invented warm-up failed (the index says)."""
         self._tasks: list[asyncio.Task[None]] = []
+        self.workers: NodeWorkers | None = None
+        """The node's other workers, on the worker that runs its version actions once they all started
+        (``switchyard serve --workers N``): every action's versions are prepared and its routing followed there too."""
 
     # -- lifecycle ------------------------------------------------------------------------------------------
-    async def start(self) -> None:
-        """Open the state store, load and route every model (``startup``), and follow the repository."""
+    async def start(self, *, acting: bool = True) -> None:
+        """Open the state store, load and route every model (``startup``), and follow the repository.
+        ``acting=False``: a worker of a node whose version actions run on another worker: it neither polls the
+        repository nor judges canaries (that worker does, and tells it the routing)."""
         await self.store.open()
         await start_models(self)
-        if self.settings.repository_poll_s > 0:
+        if acting and self.settings.repository_poll_s > 0:
             self._tasks.append(asyncio.create_task(poll(self), name="repository-poll"))
-        self._tasks.append(asyncio.create_task(watch_canaries(self), name="canary-watch"))
+        if acting:
+            self._tasks.append(asyncio.create_task(watch_canaries(self), name="canary-watch"))
         self._tasks.append(asyncio.create_task(self.store.watch(self._followed), name="routing-watch"))
 
     async def scan(self, *, actor: str = GATEWAY) -> dict[str, Any]:
@@ -188,14 +195,22 @@ class VersionManager:
         """Load ``version`` (unless it is loaded) and warm it up; undo what this did on failure. The warm-up when
         it was loaded here, ``None`` when it was loaded already."""
         async with steps.run("load"):
-            if self.backend.state(model, version) is VersionState.READY:
-                return None
-            await self.backend.load(model, version)  # re-reads the model's config and versions from disk
+            loaded_here = self.backend.state(model, version) is not VersionState.READY
+            if loaded_here:
+                await self.backend.load(model, version)  # re-reads the model's config and versions from disk
         try:
-            return await self.warm(model, version, steps)
+            warmed = await self.warm(model, version, steps) if loaded_here else None
+            if self.workers is not None:
+                async with steps.run("workers_prepare"):
+                    for worker, seconds in (await self.workers.prepare(model, version)).items():
+                        steps.worker(worker, seconds)
         except GatewayError:
-            await self.quietly(self.backend.unload(model, version), f"unloading version {version}")
+            if loaded_here:
+                await self.quietly(self.backend.unload(model, version), f"unloading version {version}")
+            if self.workers is not None:
+                await self.workers.discard(model, version)
             raise
+        return warmed
 
     async def warm(self, model: str, version: int, steps: Steps) -> WarmedUp:
         self.router.warming(model, version, True)
@@ -265,6 +280,12 @@ class VersionManager:
         except StateError as exc:
             raise BackendUnavailable(f"the routing could not be persisted: {exc}") from None
         self.set_routing(model, record)
+        if self.workers is not None:  # in force in every worker before the action answers
+            followed = await self.workers.follow(model, record)
+            progress = self.progress.get(model)
+            if progress is not None:
+                for worker, seconds in followed.items():
+                    progress.workers.setdefault(str(worker), {}).update(seconds)
 
     def set_routing(self, model: str, record: RoutingRecord) -> None:
         self.router.set(model, record)

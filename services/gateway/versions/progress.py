@@ -27,6 +27,8 @@ class Progress:
     steps: dict[str, float] = field(default_factory=dict)
     """Seconds per finished step, in the order they ran."""
     started_at: str = field(default_factory=now_iso)
+    workers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The node's other workers (``serve --workers N``): worker index -> seconds per step (or its ``error``)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -50,6 +52,10 @@ class Steps:
         elapsed = time.perf_counter() - started
         self.progress.steps[name] = round(elapsed, 6)
         self.metrics.swap_step.labels(self.model, name).observe(elapsed)
+
+    def worker(self, index: int, seconds: dict[str, Any]) -> None:
+        """Another worker of the node ran steps of this action (``versions/node.py``)."""
+        self.progress.workers.setdefault(str(index), {}).update(seconds)
 
     def mark(self, name: str) -> None:
         """Seconds from the action's start to now, as ``name`` (``to_flip``, ``to_drained``)."""
@@ -80,6 +86,8 @@ class ActionReport:
     error: str | None = None
     note: str | None = None
     """What the caller should know of an action that had nothing to do (an unload of a model not in the repository)."""
+    workers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The node's other workers' steps (``serve --workers N``), by worker index; empty with one worker."""
     finished_at: str = field(default_factory=now_iso)
 
     def but(self, **changes: Any) -> ActionReport:

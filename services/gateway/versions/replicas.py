@@ -32,20 +32,27 @@ async def follow(manager: VersionContext, model: str, record: RoutingRecord) -> 
         await _adopt(manager, model, record)
 
 
+async def adopt(manager: VersionContext, model: str, record: RoutingRecord) -> str | None:
+    """Take ``record`` now (the node's acting worker committed it: ``versions/node.py``); why not, when it cannot."""
+    async with manager.lock(model):
+        return await _adopt(manager, model, record)
+
+
 async def catch_up(manager: VersionContext, model: str) -> None:
     """Before an action (its store lock held): take a newer record than ours first, so that the action builds on
     the latest routing and its generation follows it."""
     latest = (await manager.store.load_routing()).get(model)
     current = manager.router.record(model)
     newer = latest is not None and (current is None or latest.generation > current.generation)
-    if newer and latest is not None and not await _adopt(manager, model, latest):
+    if newer and latest is not None and await _adopt(manager, model, latest) is not None:
         raise GatewayError(f"model '{model}': this gateway cannot serve the routing another one set", 503)
 
 
-async def _adopt(manager: VersionContext, model: str, record: RoutingRecord) -> bool:
+async def _adopt(manager: VersionContext, model: str, record: RoutingRecord) -> str | None:
+    """None once routed by ``record`` (or a newer one), else why not."""
     current = manager.router.record(model)
     if current is not None and record.generation <= current.generation:
-        return True
+        return None
     needed = set() if record.unloaded else {record.stable}
     if record.canary is not None and record.canary.weight > 0:
         needed.add(record.canary.version)
@@ -71,12 +78,12 @@ async def _adopt(manager: VersionContext, model: str, record: RoutingRecord) -> 
             "model '%s': not following routing generation %d (stable %d) set by another gateway: %s; still serving "
             "version %s", model, record.generation, record.stable, exc, serving,
         )
-        return False
+        return f"cannot take routing generation {record.generation} (stable {record.stable}): {exc}"
     manager.set_routing(model, record)
     log.info("model '%s': following routing generation %d: stable %d", model, record.generation, record.stable)
     if (record.loaded or record.unloaded) and not manager.backend.shared_server:
         await _unload_extras(manager, model, target)
-    return True
+    return None
 
 
 async def _unload_extras(manager: VersionContext, model: str, keep: set[int]) -> None:

@@ -29,7 +29,7 @@ async def finish(
               detail)
     )
     report = ActionReport(steps.model, progress.action, result, versions, dict(progress.steps),
-                          routing=manager.router.record(steps.model), error=error)
+                          routing=manager.router.record(steps.model), error=error, workers=dict(progress.workers))
     manager.last[steps.model] = report
     return report
 
@@ -50,7 +50,8 @@ async def failed(
                              step, str(exc), actor, None))
     manager.last[steps.model] = ActionReport(steps.model, steps.progress.action, "failed", versions,
                                           dict(steps.progress.steps), step=step, error=str(exc),
-                                          routing=manager.router.record(steps.model))
+                                          routing=manager.router.record(steps.model),
+                                          workers=dict(steps.progress.workers))
     # 404 / 409 as they came; 503 when the backend itself is unavailable (retry later); anything else is
     # the version's own fault (a corrupt file, a failed warm-up): 422.
     status = exc.status if isinstance(exc, ModelNotFound | Conflict | BackendUnavailable) else 422

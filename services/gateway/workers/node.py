@@ -1,0 +1,92 @@
+"""A worker's part in its node (``switchyard serve --workers N``), started by the app's lifespan once the worker's
+models are loaded: its Unix socket for the node's internal calls, its calls to the other workers, and the hooks that
+make its answers the node's (readiness, metrics, statistics; on worker 0 the version actions reach every worker, on
+the others the admin and repository calls go to worker 0)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from typing import Any
+
+from prometheus_client import generate_latest
+
+from services.gateway.dataplane import DataPlane
+from services.gateway.repository_api import RepositoryApi
+from services.gateway.shaping.node_share import NodeShare
+from services.gateway.versions.manager import VersionManager
+from services.gateway.versions.replicas import adopt
+from services.gateway.workers.figures import NodeFigures
+from services.gateway.workers.forwarding import repository_forward
+from services.gateway.workers.peers import Peers, WorkerDown
+from services.gateway.workers.place import WorkerPlace
+from services.gateway.workers.regions import PeerRegions
+
+log = logging.getLogger(__name__)
+
+
+class WorkerNode:
+    """``app.NodeWorker``: what ``create_app`` asks of a worker process."""
+
+    def __init__(self, place: WorkerPlace) -> None:
+        self.place = place
+        self.acting = place.acting
+        self.peers = Peers(place)
+        # This process's own mapping (a fork's would share the parent's lock); what a previous process of this worker
+        # held when it died is not held any more.
+        self.share = NodeShare.attach(place.share_path, place.index)
+        self.share.reset_worker(place.index)
+        self._dataplane: DataPlane | None = None
+        self._manager: VersionManager | None = None
+
+    async def join(self, app: Any, dataplane: DataPlane, manager: VersionManager, repository: RepositoryApi) -> None:
+        """Answer for the node: readiness, metrics and statistics gathered from every worker; on worker 0 the
+        version actions reach every worker, on the others repository actions go to worker 0 (the admin API goes
+        there as HTTP, ``forwarding.py``). The node's calls reach this worker on its socket once it serves."""
+        self._dataplane, self._manager = dataplane, manager
+        figures = NodeFigures(self.peers, shared_server=manager.backend.shared_server)
+        dataplane.node = figures
+        regions = PeerRegions(self.peers)
+        await regions.take_over(dataplane.regions)
+        dataplane.regions.peers = regions
+        if self.place.acting:  # the console's calls reach worker 0: its live figures are the node's
+            manager.workers = self.peers
+            registry = dataplane.metrics.registry
+            app.state.live.source = lambda: figures.families(generate_latest(registry).decode())
+        else:
+            repository.forward = repository_forward(self.peers)
+            await self._catch_up(manager)
+        log.info("worker %d of %d joined the node", self.place.index, self.place.count)
+
+    def listen(self) -> socket.socket:
+        """This worker's Unix socket, for the node's calls (``peer_api.py``); served beside the TCP port, and, like
+        it, listening once uvicorn serves (after the worker's startup)."""
+        path = self.place.socket_path(self.place.index)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # left by this worker's previous process, which died
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
+        os.chmod(path, 0o600)
+        return sock
+
+    async def leave(self) -> None:
+        if self._manager is not None:
+            self._manager.workers = None
+        if self._dataplane is not None:
+            self._dataplane.node = None
+            self._dataplane.regions.peers = None
+        await self.peers.close()
+        self.share.close()
+
+    async def _catch_up(self, manager: VersionManager) -> None:
+        """Routing worker 0 committed while this worker started (before its socket listened) is taken now."""
+        try:
+            records = await self.peers.routing()
+        except WorkerDown:
+            return  # worker 0 is restarting: it reads the same persisted routing this worker started from
+        for model, record in records.items():
+            problem = await adopt(manager, model, record)
+            if problem is not None:
+                log.error("model '%s': %s", model, problem)

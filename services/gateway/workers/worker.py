@@ -1,0 +1,37 @@
+"""One worker process of a node: the gateway app on the node's shared ports, its socket for the node's internal
+calls, and a log line prefix naming it. Started by the supervisor (``supervisor.py``) with ``spawn``: a fresh
+interpreter, never a fork of one that holds gRPC, onnxruntime or torch threads."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+from prometheus_client import Gauge
+
+from services.gateway.app import create_app
+from services.gateway.server import check_fd_limit, uvicorn_config
+from services.gateway.workers.forwarding import ForwardToActingWorker
+from services.gateway.workers.node import WorkerNode
+from services.gateway.workers.peer_api import PeerApi
+from services.gateway.workers.sockets import reuseport_socket
+from services.gateway.workers.spec import WorkerSpec
+
+
+def run_worker(spec: WorkerSpec) -> None:
+    settings, place = spec.settings, spec.place
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s worker {place.index} %(name)s: %(message)s",
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per call between the workers otherwise
+    check_fd_limit(settings)
+    node = WorkerNode(place)
+    app = create_app(settings, config_transform=spec.config_transform, node=node)
+    restarts = Gauge("switchyard_worker_restarts", "Times the supervisor restarted this worker (serve --workers N)",
+                     registry=app.state.dataplane.metrics.registry)
+    restarts.set(spec.restarts)  # the node's answer adds the workers' up
+    gateway = app if place.acting else ForwardToActingWorker(app, node.peers, max_body_bytes=settings.max_body_bytes)
+    served = PeerApi(gateway, app.state.dataplane, app.state.manager, app.state.repository_api)
+    sockets = [reuseport_socket(settings.host, settings.port), node.listen()]
+    uvicorn.Server(uvicorn_config(settings, served)).run(sockets=sockets)
