@@ -169,6 +169,13 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.model_instances = Gauge(
+            "switchyard_model_instances",
+            "Instances of each loaded version of the embedded backend, by device (cpu, cuda:N); fallback=cpu when a "
+            "KIND_GPU group runs on the CPU because SWITCHYARD_GPU_FALLBACK=cpu said so.",
+            ["model", "version", "device", "fallback"],
+            registry=registry,
+        )
         self.swap_step = Histogram(
             "switchyard_swap_step_seconds",
             "Duration of each step of a version action (load, warmup, compare, flip, drain, unload).",

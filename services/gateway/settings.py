@@ -85,6 +85,10 @@ class Settings(BaseSettings):
     intra_op_threads: int | None = None
     """Threads per model instance for onnxruntime / libtorch; None: the process's share of the cores (CPU count /
     workers) / instance count."""
+    gpu_fallback: Literal["none", "cpu"] = "none"
+    """Embedded backend: what a ``KIND_GPU`` instance group does on a process without a usable GPU. ``none``: the
+    model is unavailable with the reason (never silently on the CPU); ``cpu``: it runs on the CPU, with a warning
+    and ``fallback="cpu"`` on ``switchyard_model_instances``."""
     intra_op_spinning: bool = False
     """Let onnxruntime's idle threads spin: lower latency, but they compete with the event loop for CPU."""
     batch_adaptive_delay: bool = True

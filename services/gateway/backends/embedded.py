@@ -4,6 +4,7 @@ batcher and one small thread pool per loaded version."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -16,6 +17,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 from services.extras import MissingExtra
 from services.gateway import repository
 from services.gateway.backends.base import describe_problem
+from services.gateway.backends.devices import InstancePlan, NoUsableGpu, gpus, plan_instances
 from services.gateway.backends.placement import Placement
 from services.gateway.backends.runners import (
     Runner,
@@ -50,6 +52,8 @@ class _Version:
     pool: ThreadPoolExecutor | None = None
     placement: Placement | None = None
     problem: str | None = None
+    plan: InstancePlan | None = None
+    """Where its instances run (``devices.py``)."""
     statistics: VersionStatistics = field(default_factory=VersionStatistics)
     """Counted from this load on: a version loaded again starts afresh, as in Triton."""
 
@@ -73,10 +77,12 @@ class EmbeddedBackend:
         max_queue: int = 1024,
         inline_below_s: float = 0.0,
         cores: int | None = None,
+        gpu_fallback: str = "none",
     ) -> None:
         """``cores``: this process's share of the machine's cores (``serve --workers N``: CPU count / N), which a
         version's instances split between them unless ``intra_op_threads`` says otherwise."""
         self._cores = cores
+        self._gpu_fallback = gpu_fallback
         self._max_queue = max_queue
         self._inline_below_s = inline_below_s
         self._catalog = catalog
@@ -127,14 +133,15 @@ class EmbeddedBackend:
         versions = self._versions.get(model, {})
         failures = {v: slot.problem for v, slot in versions.items() if slot.problem}
         serving = any(slot.state is VersionState.READY for slot in versions.values())
-        return describe_problem(_model_problem(entry), failures, serving, version)
+        return describe_problem(_model_problem(entry, self._gpu_fallback), failures, serving, version)
 
     async def load(self, model: str, version: int) -> None:
         # Re-read from disk: versions exported after startup and a re-exported config count.
         entry = await asyncio.to_thread(self._catalog.refresh, model, version)
-        problem = _model_problem(entry)
+        problem = _model_problem(entry, self._gpu_fallback)
         if problem is not None:
             raise ModelNotReady(f"model '{model}' is unavailable: {problem}")
+        plan = plan_instances(entry.config, entry.platform, fallback=self._gpu_fallback)
         versions = self._versions.setdefault(model, {})
         current = versions.get(version)
         if current is not None and current.state is VersionState.READY:
@@ -142,13 +149,15 @@ class EmbeddedBackend:
         if current is not None and current.state is VersionState.LOADING:
             raise ModelNotReady(f"model '{model}' version {version} is already loading")
         config = entry.config
-        instances = max((g.count for g in config.instance_group), default=1) or 1
+        instances = len(plan.devices)
         threads = self._threads or max(1, (self._cores or os.cpu_count() or 1) // instances)
         slot = _Version(VersionState.LOADING, entry.metadata((version,)), config)
         versions[version] = slot
         pool = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"{model}-v{version}")
         try:
-            runner = await asyncio.get_running_loop().run_in_executor(pool, self._build_runner, entry, version, threads)
+            runner = await asyncio.get_running_loop().run_in_executor(
+                pool, self._build_runner, entry, version, threads, plan
+            )
         except Exception as exc:
             pool.shutdown(wait=False)
             slot.state = VersionState.UNAVAILABLE
@@ -180,8 +189,14 @@ class EmbeddedBackend:
         slot.pool = pool
         await slot.batcher.start()
         slot.state = VersionState.READY
+        slot.plan = plan
+        self._count_instances(model, version, plan, 1)
+        if plan.fell_back:
+            log.warning("model '%s' version %d: its KIND_GPU instances run on the CPU (SWITCHYARD_GPU_FALLBACK=cpu): "
+                        "%s", model, version, gpus(entry.platform).why_not or "not every GPU it lists is visible")
         log.info(
-            "loaded model '%s' version %d (%d instance(s), %d intra-op threads)", model, version, instances, threads
+            "loaded model '%s' version %d (%d instance(s) on %s, %d intra-op threads)",
+            model, version, instances, ", ".join(str(d) for d in plan.devices), threads,
         )
 
     async def unload(self, model: str, version: int) -> None:
@@ -254,9 +269,23 @@ class EmbeddedBackend:
             raise unknown_version(model, version, "not loaded")
         return slot
 
+    def _count_instances(self, model: str, version: int, plan: InstancePlan, sign: int) -> None:
+        if self._metrics is None:
+            return
+        fallback = "cpu" if plan.fell_back else "none"
+        for device in set(plan.devices):
+            labels = (model, str(version), str(device), fallback)
+            if sign > 0:
+                self._metrics.model_instances.labels(*labels).set(plan.devices.count(device))
+            else:
+                with contextlib.suppress(KeyError):
+                    self._metrics.model_instances.remove(*labels)
+
     async def _discard(self, model: str, version: int, *, drain: bool) -> None:
         slot = self._versions[model].pop(version)
         slot.state = VersionState.UNAVAILABLE
+        if slot.plan is not None:
+            self._count_instances(model, version, slot.plan, -1)
         if slot.batcher is not None:
             if drain:
                 await slot.batcher.drain()
@@ -264,7 +293,7 @@ class EmbeddedBackend:
         if slot.pool is not None:
             slot.pool.shutdown(wait=False)
 
-    def _build_runner(self, entry: repository.ModelEntry, version: int, threads: int) -> Runner:
+    def _build_runner(self, entry: repository.ModelEntry, version: int, threads: int, plan: InstancePlan) -> Runner:
         """Open the model file (runs in the version's pool); the version manager warms it up afterwards."""
         config = entry.config
         path = entry.model_path(version)
@@ -277,6 +306,8 @@ class EmbeddedBackend:
             [t.name for t in config.output],
             threads=threads,
             spinning=self._spinning,
+            devices=plan.devices,
+            tensorrt=plan.tensorrt,
         )
 
     def _observer(self, model: str, version: int, statistics: VersionStatistics) -> Observer:
@@ -298,7 +329,7 @@ class EmbeddedBackend:
         return observe
 
 
-def _model_problem(entry: repository.ModelEntry) -> str | None:
+def _model_problem(entry: repository.ModelEntry, gpu_fallback: str = "none") -> str | None:
     """Why no version of the model can run here, whatever is on disk; ``None`` when it can be tried."""
     if entry.problem is not None:
         return entry.problem
@@ -310,6 +341,10 @@ def _model_problem(entry: repository.ModelEntry) -> str | None:
         return str(exc)
     if not entry.available:
         return f"no version folder under {entry.path} holds {layout.model_filename(entry.config)}"
+    try:
+        plan_instances(entry.config, entry.platform, fallback=gpu_fallback)
+    except NoUsableGpu as exc:
+        return str(exc)
     return None
 
 

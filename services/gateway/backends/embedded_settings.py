@@ -29,4 +29,5 @@ def embedded_backend(
         inline_below_s=settings.inline_batch_us / 1e6 if inline_batches else 0.0,
         # N workers each hold their own sessions: each takes its share, so that they do not oversubscribe the cores.
         cores=max(1, (os.cpu_count() or 1) // max(settings.workers, 1)),
+        gpu_fallback=settings.gpu_fallback,
     )

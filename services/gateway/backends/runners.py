@@ -9,6 +9,7 @@ Triton's PyTorch backend."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,6 +19,7 @@ from tritonclient.grpc import model_config_pb2
 
 from services.extras import require
 from services.gateway.backends.data_dependence import onnx_data_dependent_ops, torchscript_data_dependent_kinds
+from services.gateway.backends.devices import CPU, CPU_PROVIDER, Device, onnx_providers
 from services.gateway.errors import InvalidInput
 from services.gateway.tensors.bytes_codec import BYTES, decoded, encoded, is_bytes
 from services.gateway.tensors.types import Array, InferInput
@@ -65,16 +67,53 @@ def check_string_ranks(config: model_config_pb2.ModelConfig, model: str) -> None
 
 
 def build_runner(
-    platform: str, path: Path, inputs: list[str], outputs: list[str], *, threads: int, spinning: bool
+    platform: str,
+    path: Path,
+    inputs: list[str],
+    outputs: list[str],
+    *,
+    threads: int,
+    spinning: bool,
+    devices: tuple[Device, ...] = (CPU,),
+    tensorrt: bool = False,
 ) -> Runner:
-    if platform == layout.ONNX_PLATFORM:
-        return OnnxRunner(path, outputs, intra_op_threads=threads, spinning=spinning)
-    check_supported(platform)
-    return TorchScriptRunner(path, inputs, outputs, threads=threads)
+    """A runner on each distinct device of ``devices`` (the instances' places, ``devices.plan_instances``); several
+    take the batches in turn."""
+    runners: list[Runner] = []
+    for device in sorted(set(devices)):
+        if platform == layout.ONNX_PLATFORM:
+            runners.append(OnnxRunner(path, outputs, intra_op_threads=threads, spinning=spinning,
+                                      providers=onnx_providers(device, tensorrt=tensorrt)))
+        else:
+            check_supported(platform)
+            runners.append(TorchScriptRunner(path, inputs, outputs, threads=threads, device=str(device)))
+    return runners[0] if len(runners) == 1 else DeviceRotation(runners)
+
+
+class DeviceRotation:
+    """Runners of one version on several devices (a KIND_GPU group over ``gpus: [0, 1]``): each batch goes to the
+    next, so the instances' threads keep every device busy."""
+
+    def __init__(self, runners: list[Runner]) -> None:
+        self._runners = runners
+        self._turn = itertools.count()
+        self.data_dependent = frozenset().union(*(r.data_dependent for r in runners))
+
+    def run(self, inputs: dict[str, Array]) -> dict[str, Array]:
+        # next() on itertools.count is atomic under the GIL: the pool's threads never take the same turn.
+        return self._runners[next(self._turn) % len(self._runners)].run(inputs)
 
 
 class OnnxRunner:
-    def __init__(self, path: Path, output_names: list[str], *, intra_op_threads: int, spinning: bool) -> None:
+    def __init__(
+        self,
+        path: Path,
+        output_names: list[str],
+        *,
+        intra_op_threads: int,
+        spinning: bool,
+        providers: list[Any] | None = None,
+    ) -> None:
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
         options.inter_op_num_threads = 1
@@ -82,7 +121,7 @@ class OnnxRunner:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # Spinning intra-op threads burn the cores the event loop needs between batches.
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-        self._session: Any = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self._session: Any = ort.InferenceSession(str(path), options, providers=providers or [CPU_PROVIDER])
         self._outputs = output_names
         self.data_dependent = frozenset(onnx_data_dependent_ops(path))
 
@@ -92,10 +131,13 @@ class OnnxRunner:
 
 
 class TorchScriptRunner:
-    def __init__(self, path: Path, input_names: list[str], output_names: list[str], *, threads: int) -> None:
+    def __init__(
+        self, path: Path, input_names: list[str], output_names: list[str], *, threads: int, device: str = "cpu"
+    ) -> None:
         self._torch: Any = require("torch", extra="export", feature="serving a TorchScript model")
         self._torch.set_num_threads(threads)
-        self._module = self._torch.jit.load(str(path), map_location="cpu").eval()
+        self._device = device
+        self._module = self._torch.jit.load(str(path), map_location=device).eval()
         self.data_dependent = frozenset(torchscript_data_dependent_kinds(self._module))
         self._inputs = input_names
         self._outputs = output_names
@@ -103,7 +145,7 @@ class TorchScriptRunner:
     def run(self, inputs: dict[str, Array]) -> dict[str, Array]:
         torch = self._torch
         # torch.from_numpy shares memory but refuses read-only buffers (frombuffer'd request bodies).
-        args = [_torch_value(torch, inputs[name]) for name in self._inputs]
+        args = [_torch_value(torch, inputs[name], self._device) for name in self._inputs]
         with torch.inference_mode():
             result = self._module(*args)
         if isinstance(result, torch.Tensor) or _is_strings(result):  # a List[str] is one output, not several
@@ -138,10 +180,13 @@ def runtime_inputs(config: model_config_pb2.ModelConfig, model: str, inputs: lis
     return found
 
 
-def _torch_value(torch: Any, array: Array) -> Any:
+def _torch_value(torch: Any, array: Array, device: str) -> Any:
     if is_bytes(array):  # decoded by runtime_inputs: a 1-D array of str
         return array.tolist()
-    return torch.from_numpy(array if array.flags.writeable else np.array(array))
+    tensor = torch.from_numpy(array if array.flags.writeable else np.array(array))
+    # The batch was assembled on the host once; one copy takes it to the device (pinned: the copy runs without the
+    # pageable staging buffer).
+    return tensor if device == "cpu" else tensor.pin_memory().to(device, non_blocking=True)
 
 
 def _is_strings(value: Any) -> bool:
@@ -150,7 +195,7 @@ def _is_strings(value: Any) -> bool:
 
 def _numpy_value(torch: Any, name: str, value: Any) -> Array:
     if isinstance(value, torch.Tensor):
-        return value.numpy()  # type: ignore[no-any-return]
+        return value.cpu().numpy()  # type: ignore[no-any-return]  # one copy back from a device; none on the CPU
     if _is_strings(value):  # a List[str] output
         return encoded(np.array(value, dtype=object).reshape(len(value)), name)
     raise RuntimeError(f"TorchScript module returned {type(value).__name__} for output '{name}'")
