@@ -108,6 +108,7 @@ async def test_the_cpu_fallback_runs_a_kind_gpu_model_with_a_warning_and_a_label
         assert registry.get_sample_value("switchyard_model_instances", labels) == 2
         assert "its KIND_GPU instances run on the CPU (SWITCHYARD_GPU_FALLBACK=cpu)" in caplog.text
         assert "loaded model 'relu' version 1 (2 instance(s) on cpu, cpu" in caplog.text
+        assert backend.devices("relu", 1) == {"instances": ["cpu", "cpu"], "gpu_fallback": True}  # the admin API's
         await backend.unload("relu", 1)
         assert registry.get_sample_value("switchyard_model_instances", labels) is None
     finally:

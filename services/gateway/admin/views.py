@@ -15,6 +15,7 @@ def model_status(manager: VersionManager, model: str) -> dict[str, Any]:
     states = manager.backend.models().get(model, {})
     running = manager.progress.get(model)
     last = manager.last.get(model)
+    devices = getattr(manager.backend, "devices", None)  # the embedded backend places its instances; Triton its own
     loaded = []
     for version in sorted(states):
         loaded.append(
@@ -25,6 +26,7 @@ def model_status(manager: VersionManager, model: str) -> dict[str, Any]:
                 "on_disk": version in entry.available,
                 "problem": manager.router.problem(model, version),
                 "note": manager.notes.get((model, version)),
+                "devices": devices(model, version) if devices is not None else None,
             }
         )
     return {

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2, service_pb2
 
@@ -198,6 +199,13 @@ class EmbeddedBackend:
             "loaded model '%s' version %d (%d instance(s) on %s, %d intra-op threads)",
             model, version, instances, ", ".join(str(d) for d in plan.devices), threads,
         )
+
+    def devices(self, model: str, version: int) -> dict[str, Any] | None:
+        """Where a loaded version's instances run: each one's device, and whether the GPU fallback put them there."""
+        slot = self._versions.get(model, {}).get(version)
+        if slot is None or slot.plan is None:
+            return None
+        return {"instances": [str(d) for d in slot.plan.devices], "gpu_fallback": slot.plan.fell_back}
 
     async def unload(self, model: str, version: int) -> None:
         self._catalog.entry(model)

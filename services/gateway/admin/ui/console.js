@@ -595,6 +595,15 @@ function running(action) {
   );
 }
 
+// Where a version's instances run, when any is on a GPU or was meant to be ("cuda:0 ×2, cuda:1 ×2").
+function placed(devices) {
+  if (!devices || (!devices.gpu_fallback && devices.instances.every((d) => d === "cpu"))) return null;
+  const counts = new Map();
+  for (const device of devices.instances) counts.set(device, (counts.get(device) || 0) + 1);
+  const text = [...counts].map(([device, n]) => (n > 1 ? `${device} ×${n}` : device)).join(", ");
+  return h("span", { class: "devices", text: devices.gpu_fallback ? ` on ${text} (GPU fallback)` : ` on ${text}` });
+}
+
 function versionsTable(card, status) {
   const routing = status.routing || {};
   const loaded = new Map(status.loaded.map((row) => [row.version, row]));
@@ -619,7 +628,7 @@ function versionsTable(card, status) {
       "tr",
       { dataset: { version: String(version) } },
       h("th", { scope: "row", text: v(version) }),
-      h("td", { dataset: { field: "state" } }, row ? row.state : "on disk, not loaded", row && row.problem ? h("span", { class: "error" }, ` — ${row.problem}`) : null),
+      h("td", { dataset: { field: "state" } }, row ? row.state : "on disk, not loaded", row ? placed(row.devices) : null, row && row.problem ? h("span", { class: "error" }, ` — ${row.problem}`) : null),
       h("td", { dataset: { field: "leases" }, text: row ? String(row.leases) : "–" }),
       h("td", { class: "optional", text: onDisk ? "yes" : "no" }),
       h("td", { dataset: { field: "role" }, text: roles.join(", ") || "–" }),
