@@ -148,6 +148,20 @@ def test_metrics_from_any_worker_count_the_whole_node(node: GatewayProcess) -> N
     assert sum(each.values()) == node_total(node, series)
 
 
+def test_the_consoles_live_figures_count_the_whole_node(node: GatewayProcess) -> None:
+    live = f"http://{node.http_url}/admin/models/mlp/live"
+    assert httpx.get(live, headers=ADMIN, params={"minutes": 1, "step": 1}).status_code == 200  # now watched: 1 s
+    time.sleep(1.5)  # a reading before the traffic
+    sent_after = time.time()
+    for _ in range(200):
+        assert on_new_connection(node, FREE)[0] == 200  # over both workers
+    time.sleep(2.5)  # readings after it
+    series = httpx.get(live, headers=ADMIN, params={"minutes": 1, "step": 1}).json()
+    counted = sum(point["requests"] for version in series["versions"] for point in version["points"]
+                  if point["t"] > sent_after)
+    assert counted == 200  # worker 0's own figures would hold only its share
+
+
 def test_a_rate_limit_holds_for_the_node_not_each_worker(node: GatewayProcess) -> None:
     allowed = refused = 0
     started = time.monotonic()
