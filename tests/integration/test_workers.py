@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import tritonclient.grpc as grpcclient
 
 from examples import models
 from tests.gateway_process import GatewayProcess, gateway_process
@@ -192,6 +193,21 @@ def test_a_shared_memory_region_registered_through_one_worker_serves_on_every_wo
         with httpx.Client(base_url=f"http://{node.http_url}", headers=FREE) as client:
             assert client.post("/v2/systemsharedmemory/region/features/unregister").status_code == 200
         assert {on_new_connection(node, FREE, request)[0] for _ in range(20)} == {400}  # gone from every worker
+
+
+def test_repository_loads_and_unloads_over_grpc_through_either_worker_reach_the_whole_node(
+    node: GatewayProcess,
+) -> None:
+    for action in ("unload", "load") * 3:
+        client = grpcclient.InferenceServerClient(node.grpc_url)  # a channel each: either worker takes the call
+        try:
+            getattr(client, f"{action}_model")("mlp", headers={"authorization": ADMIN["Authorization"]})
+        finally:
+            client.close()
+        want = 404 if action == "unload" else 200  # an unloaded model is unknown to inference, as in Triton
+        # Every worker answers alike before the call returned: no new connection sees the other state.
+        statuses = {on_new_connection(node, FREE)[0] for _ in range(20)}
+        assert statuses == {want}, (action, statuses)
 
 
 def test_a_killed_worker_is_restarted_while_the_other_serves_without_a_failure(node: GatewayProcess) -> None:
