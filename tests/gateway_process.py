@@ -11,12 +11,12 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from services.tritonlocal import free_port
+from services.tritonlocal import free_ports
 from tests.slow_work import slow_work
 
 
@@ -25,9 +25,13 @@ class GatewayProcess:
     command: list[str]
     env: dict[str, str]
     log: Path
-    http_port: int = field(default_factory=free_port)
-    grpc_port: int = field(default_factory=free_port)
+    http_port: int = 0
+    grpc_port: int = 0
     process: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.http_port or not self.grpc_port:  # picked together: one after another they may come out equal
+            self.http_port, self.grpc_port = free_ports(2)
 
     @property
     def http_url(self) -> str:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
         TritonStartError,
     )
     from services.tritonlocal.install import TritonInstall
-    from services.tritonlocal.processes import free_port
+    from services.tritonlocal.processes import free_port, free_ports
     from services.tritonlocal.server import LocalTriton, TritonPorts
 
 # Loaded on first access: `switchyard serve` imports this package only to register `switchyard triton`.
@@ -33,6 +33,7 @@ _HOMES = {
     "TritonStartError": "errors",
     "TritonInstall": "install",
     "free_port": "processes",
+    "free_ports": "processes",
     "LocalTriton": "server",
     "TritonPorts": "server",
 }
@@ -58,4 +59,5 @@ __all__ = [
     "build_derived_repository",
     "derive_config",
     "free_port",
+    "free_ports",
 ]

@@ -19,9 +19,21 @@ HOST = "127.0.0.1"
 
 def free_port() -> int:
     """A port the kernel considers free now (it may be taken again before it is bound; fine for tests)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports the kernel considers free now. Held open together while they are picked: picked one
+    after another, the kernel may hand out a port it just gave back (seen in CI: Triton's gRPC and metrics ports
+    came out equal and it refused to start)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((HOST, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def check_ports_free(ports: dict[str, int]) -> None:

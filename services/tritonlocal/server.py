@@ -26,7 +26,7 @@ from services.tritonlocal.derive import DerivedRepository, build_derived_reposit
 from services.tritonlocal.errors import TritonLocalError, TritonStartError
 from services.tritonlocal.follow import Follower
 from services.tritonlocal.install import TritonInstall
-from services.tritonlocal.processes import HOST, check_ports_free, digest, free_port, live, reap_group
+from services.tritonlocal.processes import HOST, check_ports_free, digest, free_port, free_ports, live, reap_group
 
 __all__ = ["LocalTriton", "TritonPorts", "free_port"]
 
@@ -75,7 +75,8 @@ class LocalTriton:
         self.install = install or TritonInstall.default()
         self.source = Path(repository).resolve()
         self.derived_root = derived or self.install.home / "repositories" / f"{self.source.name}-{digest(self.source)}"
-        self.ports = TritonPorts(http_port or free_port(), grpc_port or free_port(), metrics_port or free_port())
+        picked = iter(free_ports(3))
+        self.ports = TritonPorts(http_port or next(picked), grpc_port or next(picked), metrics_port or next(picked))
         self.startup_models = tuple(load)
         self.log_file = log_file
         self.ready_timeout_s = ready_timeout_s

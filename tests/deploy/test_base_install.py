@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from services.tritonlocal import free_port
+from services.tritonlocal import free_ports
 from tests.deploy.dockerfile import base_install_command
 from tests.gateway_harness import onnx_reference
 from tests.import_probe import ROOT
@@ -64,7 +64,7 @@ def served(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -
 def gateway(
     base_venv: Path, served: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port = free_ports(2)
     log = tmp_path_factory.mktemp("gateway") / "gateway.log"
     command = [str(base_venv / "bin" / "switchyard"), "serve", "--repository", str(served)]
     command += ["--port", str(http_port), "--grpc-port", str(grpc_port)]
