@@ -220,10 +220,11 @@ def test_overload_sheds_fast_and_keeps_accepted_latency(heavy_gateway: GatewayPr
     print(figures)
     assert not others, figures
     assert len(refused) > len(answers) / 3, figures
-    # Margins for a loaded two-core machine (the suite's other worker, CPU burners): about 1.5x and 4 ms when idle.
-    # What they catch is queueing: behind a 3x overload for 8 s, a queued request waits for seconds.
-    assert _p99(accepted) < 4 * unloaded_p99, figures
-    assert _p99(refused) < 0.05, figures
+    # Margins for a loaded two-core machine (the suite's other worker may run a multi-process gateway under load
+    # meanwhile: CI once saw 4.6x and 97 ms): about 1.5x and 4 ms when idle. What they catch is queueing: behind a 3x
+    # overload for 8 s, a queued request waits for seconds, an order of magnitude past either bound.
+    assert _p99(accepted) < 10 * unloaded_p99, figures
+    assert _p99(refused) < 0.25, figures
     assert rss_after - rss_before < 32 * 1024, figures
 
 
