@@ -32,7 +32,7 @@ from inprocess import run_inprocess
 from naive_app import serve_naive
 from options import bench_parser
 from plot import plot
-from processes import free_port, gateway_command, grpc_process, process
+from processes import free_ports, gateway_command, grpc_process, process
 from report import median_rounds, print_report
 from result import Result
 from tritonclient.grpc import service_pb2
@@ -160,7 +160,7 @@ def main() -> None:
                 flush=True,
             )
 
-    http_port, grpc_port, naive_port, floor_port, grpc_floor_port = (free_port() for _ in range(5))
+    http_port, grpc_port, naive_port, floor_port, grpc_floor_port = free_ports(5)
     logs = Path(tempfile.mkdtemp(prefix="switchyard-bench-logs-"))
     gateway = gateway_command(repository, http_port, grpc_port)
     # The baseline is this script again, so it runs with the same interpreter and path as the bench.

@@ -35,7 +35,7 @@ import uvloop
 from clients import StreamAnswerError, binary_body, run_http, run_tritonclient_grpc, run_tritonclient_stream
 from cpu import Processes, Usage, cpu_seconds
 from options import bench_parser
-from processes import free_port, gateway_command, grpc_process, process
+from processes import free_ports, gateway_command, grpc_process, process
 from report import print_triton_report
 from result import Result
 from workload import MODELS, ROOT, ensure_repository, export_all_versions
@@ -134,7 +134,7 @@ def main() -> None:
     repository = ensure_repository(args.repository.resolve(), "switchyard-bench-triton-", export_all_versions)
     logs = Path(tempfile.mkdtemp(prefix="switchyard-bench-triton-logs-"))
     triton = LocalTriton(repository, load=tuple(MODELS), derived=logs / "derived", log_file=logs / "tritonserver.log")
-    http_port, grpc_port, floor_port = free_port(), free_port(), free_port()
+    http_port, grpc_port, floor_port = free_ports(3)
     gateway = gateway_command(repository, http_port, grpc_port, "--backend", "triton", "--triton-url", triton.grpc_url,
                               "--triton-http-url", triton.http_url)
     os.environ["SWITCHYARD_TRITON_LOCAL_CPU"] = "1"  # serve the python-backend twins this CPU Triton runs

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from cpu import cpu_seconds, process_group
 from options import bench_parser
-from processes import free_port
+from processes import free_ports
 from tritonclient.grpc import service_pb2
 from workload import MODELS, ROOT, ensure_repository, export_all_versions
 
@@ -68,7 +68,7 @@ def bodies(folder: Path) -> tuple[Path, Path]:
 def gateway(repository: Path, workers: int, logs: Path, *options: str) -> Iterator[tuple[int, int, int]]:
     """A gateway with ``workers`` workers in a session of its own (its CPU is its process group's): its ports and
     its supervisor's (or only process's) pid."""
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port = free_ports(2)
     command = [sys.executable, "-c", "from services.cli import main; main()", "serve", *options, "--repository",
                str(repository), "--port", str(http_port), "--grpc-port", str(grpc_port), "--workers", str(workers)]
     env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_WORKERS"}

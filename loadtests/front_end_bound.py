@@ -35,7 +35,7 @@ import uvloop
 from clients import binary_body, run_http
 from inprocess import run_inprocess
 from options import bench_parser
-from processes import free_port, gateway_command, process
+from processes import free_port, free_ports, gateway_command, process
 from workload import MODELS, ROOT, ensure_repository, export_first_versions, latest_onnx
 
 from services.modelrepo.config import read_config
@@ -124,7 +124,7 @@ def main() -> None:
         flush=True,
     )
     logs = Path(tempfile.mkdtemp(prefix="switchyard-bound-logs-"))
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port = free_ports(2)
     ratios: dict[str, list[float]] = {"layout": [], "gateway": [], "bound": []}
     with (
         concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool,
