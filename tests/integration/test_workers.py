@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,6 +23,7 @@ import tritonclient.grpc as grpcclient
 from examples import models
 from tests.gateway_process import GatewayProcess, gateway_process
 from tests.shm_support import shm_object
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 TOKEN = "workers-admin-token"
@@ -151,15 +153,25 @@ def test_metrics_from_any_worker_count_the_whole_node(node: GatewayProcess) -> N
 
 def test_the_consoles_live_figures_count_the_whole_node(node: GatewayProcess) -> None:
     live = f"http://{node.http_url}/admin/models/mlp/live"
-    assert httpx.get(live, headers=ADMIN, params={"minutes": 1, "step": 1}).status_code == 200  # now watched: 1 s
-    time.sleep(1.5)  # a reading before the traffic
+
+    def read_after(moment: float) -> list[dict[str, Any]]:
+        """The live points, once worker 0 has taken a reading after ``moment`` (it reads every second while watched)."""
+        found: list[dict[str, Any]] = []
+
+        def taken() -> bool:
+            series = httpx.get(live, headers=ADMIN, params={"minutes": 1, "step": 1}).json()
+            found[:] = [point for version in series["versions"] for point in version["points"]]
+            return any(float(point["t"]) > moment for point in found)
+
+        assert wait_until(taken), "no live reading came"
+        return found
+
+    read_after(time.time())  # watched now, and a reading before the traffic
     sent_after = time.time()
     for _ in range(200):
         assert on_new_connection(node, FREE)[0] == 200  # over both workers
-    time.sleep(2.5)  # readings after it
-    series = httpx.get(live, headers=ADMIN, params={"minutes": 1, "step": 1}).json()
-    counted = sum(point["requests"] for version in series["versions"] for point in version["points"]
-                  if point["t"] > sent_after)
+    points = read_after(time.time())  # a reading after it
+    counted = sum(int(point["requests"]) for point in points if float(point["t"]) > sent_after)
     assert counted == 200  # worker 0's own figures would hold only its share
 
 

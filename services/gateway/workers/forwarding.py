@@ -4,6 +4,7 @@ worker 0's, status and body as they came."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -40,7 +41,8 @@ class ForwardToActingWorker:
             return
         body = await _body(receive, self._max_body_bytes)
         if body is None:  # worker 0 would refuse it too; not sent there
-            await _answer(send, 413, b'{"error": "request body exceeds the byte limit"}', [])
+            limit = f"request body exceeds the {self._max_body_bytes} byte limit"
+            await _answer(send, 413, _error(limit), [])
             return
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP_HEADERS]
         target = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
@@ -48,14 +50,18 @@ class ForwardToActingWorker:
             answer = await self._peers.call(ACTING, scope["method"], target, timeout_s=ACTION_TIMEOUT_S,
                                             content=body, headers=headers)
         except WorkerDown:
-            await _answer(send, 503, b'{"error": "' + DOWN.encode() + b'"}', [(b"retry-after", b"2")])
+            await _answer(send, 503, _error(DOWN), [(b"retry-after", b"2")])
             return
         except httpx.HTTPError as exc:
-            error = f"worker 0 did not answer the forwarded call: {exc}".replace('"', "'")
-            await _answer(send, 502, b'{"error": "' + error.encode() + b'"}', [])
+            await _answer(send, 502, _error(f"worker 0 did not answer the forwarded call: {exc}"), [])
             return
         kept = [(k.encode(), v.encode()) for k, v in answer.headers.items() if k.encode() not in _HOP_HEADERS]
         await _answer(send, answer.status_code, answer.content, kept)
+
+
+def _error(message: str) -> bytes:
+    """The gateway's error body (``rest/responses.py``'s shape)."""
+    return json.dumps({"error": message}).encode()
 
 
 async def _body(receive: Receive, limit: int) -> bytes | None:
