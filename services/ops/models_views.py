@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -191,6 +191,8 @@ def report_view(report: JSONObject) -> RenderableType:
             else Text(f"no: {left} request(s) still in flight when the drain timeout passed", style="yellow")
         )
         facts.add_row("drained", drained)
+    for index, (worker, seconds) in enumerate(sorted((report.get("workers") or {}).items())):
+        facts.add_row("other workers" if index == 0 else "", _worker_steps(worker, seconds))
     if action in ("activate", "rollback"):  # an unload's report names no versions here: the action is the unload
         facts.add_row("unloaded", fmt.listed(report.get("unloaded")) or "none")
     what = f"version {fmt.versions_text(versions)}"
@@ -202,3 +204,13 @@ def report_view(report: JSONObject) -> RenderableType:
         facts.add_row("warning", Text(str(report["error"]), style="yellow"))
     head = Text.assemble((title, "bold"), f": {what}: ", fmt.result_text(result))
     return fmt.whole(Group(head, facts))
+
+
+def _worker_steps(worker: str, seconds: Any) -> Text:
+    """One other worker's share of an action (``serve --workers N``): its steps, or why it has none."""
+    steps = seconds if isinstance(seconds, dict) else {}
+    timed = {name: value for name, value in steps.items() if isinstance(value, int | float)}
+    if "error" in steps:
+        return Text(f"worker {worker}: {steps['error']}", style="yellow")
+    text = fmt.steps_text(timed) or str(steps.get("note", "nothing to do"))
+    return Text(f"worker {worker}: {text}")

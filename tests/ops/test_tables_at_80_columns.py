@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console, RenderableType
 
-from services.ops.models_views import models_table, status_view
+from services.ops.models_views import models_table, report_view, status_view
 from services.ops.tune_views import trials_table
 
 PROBLEM = "version 3 failed to load: onnxruntime INVALID_GRAPH in model.onnx_exported_without_its_external_data"
@@ -57,3 +57,16 @@ def test_status_names_the_versions_not_released_and_what_serves_them() -> None:
     text = " ".join(console.file.getvalue().split())  # type: ignore[attr-defined]
     assert "not released 3 (served unversioned only once activated)" in text
     assert "updated 2026-12-05 01:03:51Z" in text
+
+
+def test_an_action_report_names_each_other_workers_steps_or_its_trouble() -> None:
+    report = {"model": "mlp", "action": "activate", "result": "ok", "versions": {"from": 2, "to": 1},
+              "steps": {"load": 0.001, "flip": 0.003, "to_flip": 0.009}, "routing": {"stable": 1, "previous": 2},
+              "workers": {"1": {"load": 0.0004, "follow": 0.0003}, "2": {"error": "cannot take routing generation 5"},
+                          "3": {"note": "worker 3 is not running (it is starting or being restarted)"}}}
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    console.print(report_view(report))
+    text = " ".join(console.file.getvalue().split())  # type: ignore[attr-defined]
+    assert "other workers worker 1: load 0.4 ms, follow 0.3 ms" in text
+    assert "worker 2: cannot take routing generation 5" in text
+    assert "worker 3: worker 3 is not running" in text
