@@ -52,7 +52,7 @@ COST = {
     "tests/integration/test_connection_limits.py": 18,
     "tests/integration/test_locust_runs.py": 17,
     "tests/triton/test_replicas.py": 16,
-    "tests/integration/test_workers.py": 30,
+    "tests/integration/test_workers.py": 25,
     "tests/integration/test_traffic_split.py": 10,
     "tests/integration/test_swap_failures.py": 16,
     "tests/tritonlocal/test_server.py": 15,
