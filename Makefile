@@ -14,26 +14,37 @@ KSERVE_SPEC := kserve==0.21.0
 
 install: $(VENV)/.installed triton-install $(KSERVE)/.installed-$(KSERVE_SPEC)
 
+# The installer of the three environments: uv resolves and installs what pip does (same indexes, same find-links) in
+# a fraction of its time (the project's venv: ~12 s against pip's ~60 s). The environments are ordinary venvs with
+# pip in them; uv lives in a venv of its own.
+UV_VERSION := 0.13.9
+UV_HOME := .tools/uv
+UV := $(UV_HOME)/bin/uv
+UV_INSTALL = $(UV) pip install --quiet $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
+
+$(UV):
+	rm -rf $(UV_HOME) && $(PYTHON) -m venv $(UV_HOME)
+	$(UV_HOME)/bin/python -m pip install --quiet 'uv==$(UV_VERSION)'
+
 # Re-runs only when pyproject.toml changes; the torch==2.13.0 CPU wheel is found on local disk via PIP_FIND_LINKS.
-$(VENV)/.installed: pyproject.toml
-	@echo "make install: $(VENV)/ (the project, torch CPU, onnxruntime, the test tools; ~60 s the first time)"
+$(VENV)/.installed: pyproject.toml | $(UV)
+	@echo "make install: $(VENV)/ (the project, torch CPU, onnxruntime, the test tools; ~15 s the first time)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install --quiet -e '.[export,dev]'
+	$(UV_INSTALL) --python $(BIN)/python -e '.[export,dev]'
 	touch $@
 
 # KServe's own Python SDK, which tests/kserve_sdk.py drives against the gateway, in an environment of its own: its gRPC
 # stubs and tritonclient's define the same protobuf package (one interpreter cannot load both), and it would hold
 # psutil and python-dateutil back in the project's. Installs beside the other two with `make -j 2 install`.
-$(KSERVE)/.installed-$(KSERVE_SPEC):
-	@echo "make install: $(KSERVE)/ (KServe's SDK, a client the protocol tests drive; ~40 s the first time)"
+$(KSERVE)/.installed-$(KSERVE_SPEC): | $(UV)
+	@echo "make install: $(KSERVE)/ (KServe's SDK, a client the protocol tests drive; ~10 s the first time)"
 	rm -rf $(KSERVE) && $(PYTHON) -m venv $(KSERVE)
-	$(KSERVE)/bin/python -m pip install --quiet '$(KSERVE_SPEC)'
+	$(UV_INSTALL) --python $(KSERVE)/bin/python '$(KSERVE_SPEC)'
 	touch $@
 
 # Local CPU Triton (nvidia-pytriton wheel + python-backend stub env) under .triton/; idempotent, ~1 s when done.
-triton-install:
-	PYTHON=$(PYTHON) deploy/triton/install.sh
+triton-install: | $(UV)
+	PYTHON=$(PYTHON) UV=$(UV) deploy/triton/install.sh
 
 # A real Triton (CPU, explicit model control) serving the repository through a derived python-backend copy.
 triton: install
@@ -81,6 +92,7 @@ bench: install
 	$(BIN)/python loadtests/bench.py --repository $(REPO)
 	$(BIN)/python loadtests/bench_triton.py --repository $(REPO)
 	$(BIN)/python loadtests/bench_workers.py --repository $(REPO)
+	$(BIN)/python loadtests/bench_observability.py --repository $(REPO)
 
 # Headless locust (loadtests/locustfile.py) against a running gateway: HTTP JSON + binary, gRPC and the ops user
 # switching versions (needs SWITCHYARD_ADMIN_TOKEN in the environment). gRPC goes to GRPC_TARGET (HOST:PORT); left

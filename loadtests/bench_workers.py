@@ -65,13 +65,15 @@ def bodies(folder: Path) -> tuple[Path, Path]:
 
 
 @contextlib.contextmanager
-def gateway(repository: Path, workers: int, logs: Path, *options: str) -> Iterator[tuple[int, int, int]]:
+def gateway(
+    repository: Path, workers: int, logs: Path, *options: str, extra_env: dict[str, str] | None = None
+) -> Iterator[tuple[int, int, int]]:
     """A gateway with ``workers`` workers in a session of its own (its CPU is its process group's): its ports and
-    its supervisor's (or only process's) pid."""
+    its supervisor's (or only process's) pid. ``extra_env``: variables for it alone."""
     http_port, grpc_port = free_ports(2)
     command = [sys.executable, "-c", "from services.cli import main; main()", "serve", *options, "--repository",
                str(repository), "--port", str(http_port), "--grpc-port", str(grpc_port), "--workers", str(workers)]
-    env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_WORKERS"}
+    env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_WORKERS"} | (extra_env or {})
     env["SWITCHYARD_STATE_PATH"] = str(logs / f"state-{workers}-{http_port}" / "routing.json")
     with (logs / f"gateway-{workers}w-{http_port}.log").open("w") as out:
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,

@@ -6,7 +6,8 @@
 #
 # Idempotent: each step leaves a marker holding what it installed and is skipped when the marker matches.
 # Environment: PYTHON (an interpreter whose base prefix is a CPython 3.11 built with --enable-shared;
-# default python3), TORCH_SPEC (default torch==2.13.0+cpu, found on local disk through PIP_FIND_LINKS).
+# default python3), TORCH_SPEC (default torch==2.13.0+cpu, found on local disk through PIP_FIND_LINKS), UV (a uv
+# binary that installs the stub env's packages in pip's place, much faster; `make install` passes its own).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -75,9 +76,14 @@ else
   say "creating stub env $STUBENV ($STUB_SPECS)"
   rm -rf "$STUBENV"
   "$PY" -m venv "$STUBENV"
+  if [ -n "${UV:-}" ] && [ -x "$UV" ]; then
+    install=("$UV" pip install --quiet --python "$STUBENV/bin/python" ${PIP_FIND_LINKS:+--find-links "$PIP_FIND_LINKS"})
+  else
+    install=("$STUBENV/bin/python" -m pip install --quiet)
+  fi
   # shellcheck disable=SC2086  # the specs are meant to split
-  if ! "$STUBENV/bin/python" -m pip install --quiet $STUB_SPECS; then
-    die "pip could not install $STUB_SPECS; the CPU torch wheel comes from PIP_FIND_LINKS (now: ${PIP_FIND_LINKS:-unset})"
+  if ! "${install[@]}" $STUB_SPECS; then
+    die "${install[0]} could not install $STUB_SPECS; the CPU torch wheel comes from PIP_FIND_LINKS (now: ${PIP_FIND_LINKS:-unset})"
   fi
   "$STUBENV/bin/python" - <<'EOF' || die "stub env check failed"
 import numpy, onnxruntime, torch

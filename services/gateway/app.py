@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,6 +23,8 @@ from services.gateway.backends.embedded_settings import embedded_backend
 from services.gateway.backends.triton import ConfigTransform, TritonBackend, identity
 from services.gateway.dataplane import SERVER_VERSION, DataPlane
 from services.gateway.grpc_api import start_server
+from services.gateway.inference_log.sinks import open_sink
+from services.gateway.inference_log.writer import InferenceLog
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.repository import Catalog, RepositoryError
 from services.gateway.repository_api import RepositoryApi, RepositoryAuth
@@ -32,12 +35,17 @@ from services.gateway.rest.lane import GatewayApp, InferLane
 from services.gateway.rest.openapi import install_openapi
 from services.gateway.rest.repository_routes import RepositoryEndpoints, add_repository_routes
 from services.gateway.rest.shared_memory import SharedMemoryEndpoints, shared_memory_routes
+from services.gateway.rest.traced_lane import TracedInferLane
 from services.gateway.settings import Settings
 from services.gateway.shaping.node_share import NodeShare
 from services.gateway.shaping.shaper import Shaper
 from services.gateway.state import FileStateStore, RedisStateStore, StateStore, default_state_path
+from services.gateway.state.policies import InferenceLogPolicy
 from services.gateway.state.worker_view import WorkerFileView
 from services.gateway.tensors.shared_memory import SharedMemoryRegions
+from services.gateway.tracing.observe import Observer
+from services.gateway.tracing.setup import tracing_from_environment
+from services.gateway.tracing.spans import Tracing
 from services.gateway.tuning.service import TuneService
 from services.gateway.versions.leases import Leases
 from services.gateway.versions.manager import VersionManager
@@ -57,6 +65,8 @@ class NodeWorker(Protocol):
 
     acting: bool
     """Whether it runs the node's version actions (worker 0)."""
+    index: int
+    """Its index among the node's workers (0 .. N-1)."""
     share: NodeShare
     """The node's shared rate-limit buckets and concurrency counts, attached by this process."""
 
@@ -96,6 +106,51 @@ def state_store(settings: Settings, node: NodeWorker | None = None) -> StateStor
     if node is not None and not node.acting:
         return WorkerFileView(state_path(settings))
     return FileStateStore(state_path(settings))
+
+
+LOG_CLOSE_S = 5.0
+"""Longest a stopping gateway waits for the inference log to write what it holds: a dead sink must not hold it."""
+
+
+def inference_log(
+    settings: Settings, router: Router, metrics: GatewayMetrics, worker: int | None = None
+) -> InferenceLog | None:
+    """The inference log ``SWITCHYARD_INFERENCE_LOG`` names (``None``: off); each model's own sample and redactions
+    are read from its routing record, which every replica and worker follows."""
+    if not settings.inference_log:
+        return None
+
+    def policy(model: str) -> InferenceLogPolicy | None:
+        record = router.record(model)
+        return None if record is None else record.inference_log
+
+    sink = open_sink(
+        settings.inference_log, file_max_bytes=settings.inference_log_file_max_bytes,
+        file_count=settings.inference_log_file_count, timeout_s=settings.inference_log_timeout_s, worker=worker,
+    )
+    return InferenceLog(
+        sink, sample=settings.inference_log_sample, policy=policy, queue_size=settings.inference_log_queue,
+        max_record_bytes=settings.inference_log_max_record_bytes, registry=metrics.registry,
+    )
+
+
+def observer(
+    settings: Settings, router: Router, backend: Backend, metrics: GatewayMetrics, worker: int | None = None
+) -> Observer | None:
+    """Traces (the standard ``OTEL_*`` variables) and the inference log, when either is on; the backend then records
+    its stages (batch queue and run, the call to Triton) under each request's trace."""
+    tracing = tracing_from_environment(os.environ, detail=settings.trace_detail)
+    log_writer = inference_log(settings, router, metrics, worker)
+    if tracing is None and log_writer is None:
+        return None
+    if tracing is not None and hasattr(backend, "trace"):  # test doubles may not record stages
+        backend.trace()
+
+    def stable_of(model: str) -> int | None:
+        record = router.record(model)
+        return None if record is None else record.stable
+
+    return Observer(tracing, log_writer, stable_of)
 
 
 async def preflight(settings: Settings) -> None:
@@ -139,6 +194,9 @@ def create_app(
         mirror=backend.shared_memory if isinstance(backend, TritonBackend) else None,
     )
     dataplane = DataPlane(catalog, backend, router, leases, metrics, windows, shadows, shaper, regions=regions)
+    worker = node.index if node is not None else None
+    dataplane.observer = shadows.observer = observer(settings, router, backend, metrics, worker)
+    tracing: Tracing | None = dataplane.observer.tracing if dataplane.observer is not None else None
     tuner = TuneService(manager)
     live = LiveFigures(metrics)
 
@@ -147,6 +205,8 @@ def create_app(
         conflict = runtime_conflict()
         if conflict is not None:
             log.error("%s", conflict)
+        if dataplane.observer is not None and dataplane.observer.log is not None:
+            dataplane.observer.log.start()
         await manager.start(acting=node is None or node.acting)
         live.start()
         grpc_server = None
@@ -185,6 +245,8 @@ def create_app(
             await regions.close()  # unmapped, and unregistered from Triton while its connection is still open
             await backend.close()
             await shaper.close()
+            if dataplane.observer is not None:
+                dataplane.observer.close(min(settings.inference_log_timeout_s, LOG_CLOSE_S))
 
     app = GatewayApp(
         title="Switchyard gateway", version=SERVER_VERSION, lifespan=lifespan, docs_url=None, redoc_url=None
@@ -194,7 +256,10 @@ def create_app(
     app.state.live = live
     app.state.grpc_port = None
     app.state.repository_api = repository_api
-    app.lane = InferLane(dataplane, max_body_bytes=settings.max_body_bytes)
+    if tracing is None:
+        app.lane = InferLane(dataplane, max_body_bytes=settings.max_body_bytes)
+    else:
+        app.lane = TracedInferLane(dataplane, max_body_bytes=settings.max_body_bytes, tracing=tracing)
     add_routes(app, Endpoints(dataplane), app.lane)
     app.router.routes.extend(generate_routes(dataplane, max_body_bytes=settings.max_body_bytes))
     add_admin_routes(app, AdminEndpoints(manager, AdminAuth(settings.admin_token), settings, tuner=tuner))

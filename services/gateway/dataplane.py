@@ -38,6 +38,7 @@ from services.gateway.tensors.regions import check_room, detach, place_outputs
 from services.gateway.tensors.shared_memory import SharedMemoryRegions
 from services.gateway.tensors.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
 from services.gateway.tensors.validation import validate
+from services.gateway.tracing.observe import Observer
 from services.gateway.versions.leases import Leases
 from services.gateway.versions.node import NodeFigures
 from services.gateway.versions.numbers import parse_version
@@ -84,6 +85,9 @@ class DataPlane:
         self._stream_series: dict[tuple[str, int], tuple[Any, Any]] = {}
         self.node: NodeFigures | None = None
         """The node's other workers (``serve --workers N``): readiness, metrics and statistics answer for the node."""
+        self.observer: Observer | None = None
+        """Traces and the inference log (``tracing/observe.py``), when either is on: the request path reads this one
+        ``None`` otherwise."""
 
     async def live(self) -> bool:
         """The gateway answering is its liveness. A dead backend makes it unready, not dead: a liveness
@@ -152,6 +156,7 @@ class DataPlane:
         model = request.model
         watched = request.version is None and model in self.windows.watched
         version: int | None = None
+        observer = self.observer
         try:
             version = self.router.route(model, request.version, header)
             # Admitted: from here until the answer is ready the version cannot be drained away (a request waiting
@@ -178,10 +183,15 @@ class DataPlane:
                 place_outputs(request, response.outputs)
         except Exception as exc:
             error = self._failed(exc, request, version, protocol, watched, started)
+            if observer is not None:
+                observer.failed(request, version, protocol, started, error)
             if error is exc:
                 raise
             raise error from exc
-        self._succeeded(request, version, protocol, watched, time.perf_counter() - started, backend_seconds)
+        elapsed = time.perf_counter() - started
+        self._succeeded(request, version, protocol, watched, elapsed, backend_seconds)
+        if observer is not None:
+            observer.served(request, response, version, protocol, started, elapsed)
         if request.version is None:
             record = self.router.record(model)
             if record is not None and record.shadow is not None and version == record.stable:
@@ -275,6 +285,8 @@ class DataPlane:
         self.metrics.tenant(tenant, str(error.status)).inc()
         if error.reason is not None:
             self.metrics.rejected.labels(model_label, error.reason).inc()
+        if self.observer is not None:
+            self.observer.refused(error)
 
     def _failed(
         self, exc: Exception, request: InferRequest, version: int | None, protocol: str, watched: bool, started: float
@@ -299,7 +311,12 @@ class DataPlane:
         self.hops.served(model, version, elapsed, backend_seconds)
         series = self.metrics.served(model, version, protocol)
         series.ok.inc()
-        series.duration.observe(elapsed)
+        observer = self.observer
+        exemplar = None if observer is None else observer.exemplar()
+        if exemplar is None:
+            series.duration.observe(elapsed)
+        else:  # the latency bucket names a recorded trace: a dashboard jumps from a slow bucket to its trace
+            series.duration.observe(elapsed, exemplar)
         self.metrics.tenant(request.tenant, "200").inc()
         if watched:
             self.windows.observe(model, version, 200, elapsed)
@@ -372,7 +389,10 @@ class DataPlane:
         deadline = request.deadline
         gate = self._queue_gate(request)
         if gate is not None:
-            await gate.enter(request.priority, deadline)
+            if self.observer is None:
+                await gate.enter(request.priority, deadline)
+            else:
+                await self.observer.gate_wait(gate, request.priority, deadline)
         began = time.perf_counter()
         try:
             if deadline is None:

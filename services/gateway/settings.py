@@ -177,6 +177,26 @@ class Settings(BaseSettings):
     stream_idle_timeout_s: float = 300.0
     """A stream with no request in flight and none arriving for this long is ended (gRPC ``DEADLINE_EXCEEDED``
     saying so); 0: never."""
+    trace_detail: Literal["stages", "request"] = "stages"
+    """With tracing on (the standard ``OTEL_*`` variables name an exporter or an OTLP endpoint): ``stages`` records a
+    request's server span and a child per stage (admission wait, batch queue, execution, the call to Triton);
+    ``request`` only the server span."""
+    inference_log: str = ""
+    """Where to log what models were asked and answered: ``file:///abs/dir`` (rotating JSON-lines files),
+    ``redis://host:port/db?stream=NAME[&maxlen=N]`` (a Redis stream), ``http(s)://...`` (CloudEvents in binary mode
+    with KServe's event types); empty: off."""
+    inference_log_sample: float = 1.0
+    """Share of requests logged, 0 to 1 (a model's own share, set through the admin API, overrides it)."""
+    inference_log_queue: int = 4096
+    """Requests waiting for the log's writer at most; past it records are dropped and counted, never waited for."""
+    inference_log_max_record_bytes: int = 65536
+    """A record's size cap: the largest tensors lose their values (the record says ``truncated``) to fit."""
+    inference_log_file_max_bytes: int = 64 * 2**20
+    """A JSON-lines log file's size before the next one is started."""
+    inference_log_file_count: int = 16
+    """JSON-lines log files kept; the oldest are deleted past it."""
+    inference_log_timeout_s: float = 5.0
+    """How long one write to a Redis or HTTP sink may take before its records are dropped (and counted)."""
     log_level: str = "info"
     """Log level for the gateway and uvicorn."""
     access_log: bool = False
@@ -194,6 +214,18 @@ class Settings(BaseSettings):
             "rate_limit_burst": self.rate_limit_burst, "shared_memory_max_regions": self.shared_memory_max_regions,
             "shared_memory_max_bytes": self.shared_memory_max_bytes, "workers": self.workers,
         }
+        if not 0.0 <= self.inference_log_sample <= 1.0:
+            sample = self.inference_log_sample
+            raise ValueError(f"SWITCHYARD_INFERENCE_LOG_SAMPLE must lie between 0 and 1, got {sample}")
+        logged = {
+            "inference_log_queue": self.inference_log_queue,
+            "inference_log_max_record_bytes": self.inference_log_max_record_bytes,
+            "inference_log_file_max_bytes": self.inference_log_file_max_bytes,
+            "inference_log_file_count": self.inference_log_file_count,
+        }
+        for name, value in logged.items():
+            if value < 1:
+                raise ValueError(f"SWITCHYARD_{name.upper()} must be at least 1, got {value}")
         for name, value in counts.items():
             if value < 0:
                 raise ValueError(f"SWITCHYARD_{name.upper()} must be 0 or more, got {value}")

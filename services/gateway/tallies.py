@@ -7,6 +7,7 @@ updated from the event loop's thread only (every request path and the batcher's 
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from typing import cast
@@ -14,6 +15,7 @@ from typing import cast
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 _bound_label = cast(Callable[[float], str], floatToGoString)  # "le" written exactly as prometheus_client writes it
@@ -34,16 +36,23 @@ class Tally:
 class Timings:
     """One histogram series; ``counts[i]`` holds the observations in bucket ``i`` alone (the last: above them all)."""
 
-    __slots__ = ("counts", "sum", "_bounds")
+    __slots__ = ("counts", "exemplars", "sum", "_bounds")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self._bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
+        self.exemplars: dict[int, Exemplar] | None = None
+        """Per bucket, the last observation that came with exemplar labels (a recorded trace's id)."""
 
-    def observe(self, amount: float) -> None:
-        self.counts[bisect_left(self._bounds, amount)] += 1  # first bound >= amount: Prometheus' "le"
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        index = bisect_left(self._bounds, amount)  # first bound >= amount: Prometheus' "le"
+        self.counts[index] += 1
         self.sum += amount
+        if exemplar is not None:
+            if self.exemplars is None:
+                self.exemplars = {}
+            self.exemplars[index] = Exemplar(exemplar, amount, time.time())
 
     def observe_times(self, amount: float, times: int) -> None:
         """``observe(amount)`` ``times`` times over (every request of a batch saw the batch's duration)."""
@@ -101,9 +110,11 @@ class HistogramFamily:
         names = [*(_bound_label(b) for b in self.bounds), "+Inf"]
         for values, child in self.children.items():
             total, buckets = 0, []
-            for name, count in zip(names, child.counts, strict=True):
+            exemplars = child.exemplars or {}
+            for index, (name, count) in enumerate(zip(names, child.counts, strict=True)):
                 total += count
-                buckets.append((name, float(total)))
+                exemplar = exemplars.get(index)
+                buckets.append((name, float(total)) if exemplar is None else (name, float(total), exemplar))
             family.add_metric(values, buckets, child.sum)
         return family
 

@@ -21,11 +21,13 @@ CONNECT_TIMEOUT_S = 10.0
 class AdminError(Exception):
     """The admin API answered ``status`` with ``{"error": message}``, plus ``step`` when a version action failed."""
 
-    def __init__(self, message: str, status: int, step: str | None = None) -> None:
+    def __init__(self, message: str, status: int, step: str | None = None, details: JSONObject | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.step = step
+        self.details = details or {}
+        """What the answer carried beside the message and the step (an activation's ``replay`` report)."""
 
     @property
     def refused(self) -> bool:
@@ -89,8 +91,12 @@ class AdminClient:
         keep_previous: bool | None = None,
         drain_timeout_s: float | None = None,
         compare: bool | None = None,
+        verify_replay: JSONObject | None = None,
     ) -> JSONObject:
-        options = _given(keep_previous=keep_previous, drain_timeout_s=drain_timeout_s, compare=compare)
+        """``verify_replay``: ``{"source", "limit"?, "atol"?, "rtol"?}``, the replay check before the flip."""
+        options = _given(
+            keep_previous=keep_previous, drain_timeout_s=drain_timeout_s, compare=compare, verify_replay=verify_replay
+        )
         return self._call("POST", f"{_model_path(model)}/versions/{version}/activate", body=options)
 
     def rollback(
@@ -175,7 +181,8 @@ def _decode(response: httpx.Response) -> JSONObject:
         message = data["error"]
         if message == response.reason_phrase:  # a bare status (no such route): say which route was asked for
             message = f"{answered}: is the URL the gateway's root?"
-        raise AdminError(message, response.status_code, step if isinstance(step, str) else None)
+        details = {key: value for key, value in data.items() if key not in ("error", "step")}
+        raise AdminError(message, response.status_code, step if isinstance(step, str) else None, details)
     root = f"{request.url.scheme}://{request.url.netloc.decode()}"
     raise AdminError(f"{answered} without an admin API answer: is {root} a Switchyard gateway?", response.status_code)
 

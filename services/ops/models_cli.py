@@ -4,6 +4,7 @@ The root command imports this to register it: only typer, rich, httpx and the st
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -51,6 +52,45 @@ class Switch:
     keep_previous: KeepPrevious = None
     drain_timeout: DrainTimeout = None
     compare: Compare = None
+
+
+@dataclass(frozen=True)
+class ReplayCheck:
+    """``activate --verify-replay``: the gateway replays logged requests on the new version before the flip and
+    refuses it when the answers differ; options left out take the gateway's defaults."""
+
+    verify_replay: Annotated[
+        str | None,
+        typer.Option(
+            "--verify-replay",
+            help="Before the flip, replay the newest logged requests (an inference log directory or redis:// URL "
+            "the gateway reads) on VERSION and refuse it when its answers differ.",
+            show_default=False,
+        ),
+    ] = None
+    replay_limit: Annotated[
+        int | None,
+        typer.Option(
+            "--replay-limit", min=1, help="How many of the newest records (default: 200).", show_default=False
+        ),
+    ] = None
+    atol: Annotated[
+        float | None,
+        typer.Option("--atol", min=0, help="Replay: absolute tolerance (default: 1e-5).", show_default=False),
+    ] = None
+    rtol: Annotated[
+        float | None,
+        typer.Option("--rtol", min=0, help="Replay: relative tolerance (default: 1e-4).", show_default=False),
+    ] = None
+
+    def option(self) -> JSONObject | None:
+        """The admin API's ``verify_replay`` object; ``None`` without ``--verify-replay``."""
+        if self.verify_replay is None:
+            if any(value is not None for value in (self.replay_limit, self.atol, self.rtol)):
+                raise typer.BadParameter("--replay-limit, --atol and --rtol go with --verify-replay SOURCE")
+            return None
+        given = {"limit": self.replay_limit, "atol": self.atol, "rtol": self.rtol}
+        return {"source": self.verify_replay} | {key: value for key, value in given.items() if value is not None}
 
 
 def register(app: typer.Typer) -> None:
@@ -101,18 +141,32 @@ def scan(call: AdminCall) -> None:
 
 
 @admin_command(ACTION_TIMEOUT_S)
-def activate(call: AdminCall, model: Model, version: Version, switch: Switch) -> None:
+def activate(call: AdminCall, model: Model, version: Version, switch: Switch, check: ReplayCheck) -> None:
     """Load VERSION beside the serving one, warm it up, flip unversioned requests to it, drain the old one."""
-    call.act(
-        model,
-        lambda client: client.activate(
-            model,
-            version,
-            keep_previous=switch.keep_previous,
-            drain_timeout_s=switch.drain_timeout,
-            compare=switch.compare,
-        ),
-    )
+    verify_replay = check.option()
+    outcome: list[JSONObject | AdminError] = []
+
+    def run(client: AdminClient) -> JSONObject:
+        try:
+            answer = client.activate(
+                model,
+                version,
+                keep_previous=switch.keep_previous,
+                drain_timeout_s=switch.drain_timeout,
+                compare=switch.compare,
+                verify_replay=verify_replay,
+            )
+        except AdminError as exc:
+            outcome.append(exc)
+            raise
+        outcome.append(answer)
+        return answer
+
+    try:
+        call.act(model, run)
+    finally:
+        if verify_replay is not None and outcome:
+            _show_replay(outcome[0], call.as_json)
 
 
 @admin_command(ACTION_TIMEOUT_S)
@@ -136,6 +190,21 @@ def load(call: AdminCall, model: Model, version: Version) -> None:
 def unload(call: AdminCall, model: Model, version: Version, drain_timeout: DrainTimeout = None) -> None:
     """Drain VERSION's requests and unload it (not the stable version: activate another one first)."""
     call.act(model, lambda client: client.unload(model, version, drain_timeout_s=drain_timeout))
+
+
+def _show_replay(outcome: JSONObject | AdminError, as_json: bool) -> None:
+    """The replay check's report: after the action's report (its JSON already holds it), or after the error line
+    of a refusal (on stdout as JSON with --json, for scripts)."""
+    refused = isinstance(outcome, AdminError)
+    replay = outcome.details.get("replay") if isinstance(outcome, AdminError) else outcome.get("replay")
+    if not isinstance(replay, dict) or (as_json and not refused):
+        return
+    if as_json:
+        typer.echo(json.dumps({"replay": replay}, indent=2))
+        return
+    from services.inferlog.compare import render_report  # numpy: only when there is a report to show
+
+    typer.echo(render_report(replay), err=refused)
 
 
 def _with_policies(client: AdminClient) -> JSONObject:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from services.tritonlocal.install import TritonInstall
     from services.tritonlocal.processes import free_port, free_ports
     from services.tritonlocal.server import LocalTriton, TritonPorts
+    from services.tritonlocal.tracing import TritonTracing, tracing_from_environment
 
 # Loaded on first access: `switchyard serve` imports this package only to register `switchyard triton`.
 _HOMES = {
@@ -36,6 +37,8 @@ _HOMES = {
     "free_ports": "processes",
     "LocalTriton": "server",
     "TritonPorts": "server",
+    "TritonTracing": "tracing",
+    "tracing_from_environment": "tracing",
 }
 
 
@@ -56,8 +59,10 @@ __all__ = [
     "TritonNotInstalled",
     "TritonPorts",
     "TritonStartError",
+    "TritonTracing",
     "build_derived_repository",
     "derive_config",
     "free_port",
     "free_ports",
+    "tracing_from_environment",
 ]

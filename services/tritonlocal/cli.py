@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -44,11 +45,27 @@ def triton_command(
         float,
         typer.Option(help="Seconds between updates of the derived repository (new exports become loadable); 0: off."),
     ] = 2.0,
+    trace_rate: Annotated[
+        int,
+        typer.Option(
+            help="With OTEL_EXPORTER_OTLP_ENDPOINT set: trace 1 in N requests that come without a traceparent "
+            "(0: none); requests with one are always traced, as children of the caller's span."
+        ),
+    ] = 1,
 ) -> None:
-    """Start Triton (CPU, python backend) from the nvidia-pytriton wheel in explicit model-control mode."""
+    """Start Triton (CPU, python backend) from the nvidia-pytriton wheel in explicit model-control mode.
+
+    Triton exports its own OpenTelemetry traces (OTLP/HTTP) when OTEL_EXPORTER_OTLP_ENDPOINT or
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set and OTEL_TRACES_EXPORTER is not "none"."""
     from services.tritonlocal.server import LocalTriton  # only this command needs the launcher
+    from services.tritonlocal.tracing import tracing_from_environment
 
     console = Console(stderr=True, soft_wrap=True)  # paths and URLs stay on one line, copyable
+    try:
+        tracing = tracing_from_environment(os.environ, rate=trace_rate)
+    except TritonLocalError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
     server = LocalTriton(
         repository,
         http_port=http_port,
@@ -57,6 +74,7 @@ def triton_command(
         load=load or (),
         derived=derived,
         log_file=log_file,
+        tracing=tracing,
     )
     stop = threading.Event()
 
@@ -75,6 +93,7 @@ def triton_command(
             f"  serving  {escape(str(server.derived_root))} (from {escape(str(server.source))})\n"
             f"  models   {escape(', '.join(sorted(server.repository.models))) or 'none'}"
             f" ({'loaded: ' + ', '.join(load) if load else 'none loaded; load them over gRPC'})\n"
+            f"  traces   {_describe_tracing(tracing.url, trace_rate) if tracing else 'off'}\n"
             + ("" if log_file else "  (Triton's error line 'CudaDriverHelper has not been initialized.' says it found "
                                    "no GPU: harmless, models run on the CPU)\n")
             + "Ctrl-C stops it."
@@ -93,3 +112,8 @@ def triton_command(
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _describe_tracing(url: str, rate: int) -> str:
+    untraced = "no others" if rate == 0 else "every request without one" if rate == 1 else f"1 in {rate} without one"
+    return f"{escape(url)} (requests with a traceparent, {untraced})"

@@ -27,6 +27,7 @@ from services.tritonlocal.errors import TritonLocalError, TritonStartError
 from services.tritonlocal.follow import Follower
 from services.tritonlocal.install import TritonInstall
 from services.tritonlocal.processes import HOST, check_ports_free, digest, free_port, free_ports, live, reap_group
+from services.tritonlocal.tracing import TritonTracing
 
 __all__ = ["LocalTriton", "TritonPorts", "free_port"]
 
@@ -53,6 +54,7 @@ class LocalTriton:
     under the install's ``repositories/``). Ports given as 0 are picked once, at construction. ``load``
     names models loaded at startup with their config's version policy; the others wait for ``load()``.
     ``log_file`` receives the server's output (``None``: inherit this process's stdout/stderr).
+    ``tracing`` turns Triton's OpenTelemetry traces on (``None``: off; see ``tracing.py``).
     ``stop()`` sends SIGTERM, which Triton honours after draining for up to ``exit_timeout_s``; SIGKILL
     follows if it is still running after ``stop_timeout_s``.
     """
@@ -71,6 +73,7 @@ class LocalTriton:
         ready_timeout_s: float = 60.0,
         stop_timeout_s: float = 15.0,
         exit_timeout_s: int = 3,
+        tracing: TritonTracing | None = None,
     ) -> None:
         self.install = install or TritonInstall.default()
         self.source = Path(repository).resolve()
@@ -82,6 +85,7 @@ class LocalTriton:
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.exit_timeout_s = exit_timeout_s
+        self.tracing = tracing
         self._process: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._repository: DerivedRepository | None = None
@@ -142,6 +146,7 @@ class LocalTriton:
             # After SIGTERM, Triton waits this long for open HTTP connections (idle keep-alive ones included)
             # and in-flight requests; its default of 30 s would make every stop slow.
             f"--exit-timeout-secs={self.exit_timeout_s}",
+            *(self.tracing.flags() if self.tracing is not None else ()),
         ]
 
     def environment(self) -> dict[str, str]:

@@ -54,6 +54,8 @@ def gateway_settings(addresses: dict[str, str]) -> dict[str, str]:
     environment: dict[str, str] = compose_services()["gateway"]["environment"]
     settings: dict[str, str] = {}
     for key, value in environment.items():
+        if not key.startswith("SWITCHYARD_"):  # OTEL_*: the trace pipeline, whose collector this topology leaves out
+            continue
         name = key.removeprefix("SWITCHYARD_").lower()
         if name in ("port", "grpc_port", "repository"):
             continue

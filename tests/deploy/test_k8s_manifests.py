@@ -97,7 +97,7 @@ def test_k8s_gateway_is_configured_for_triton_and_redis_when_parsed() -> None:
     assert "SWITCHYARD_ADMIN_TOKEN" not in config
     services = {item["metadata"]["name"]: item for item in applied() if item["kind"] == "Service"}
     assert {name: service["spec"]["type"] for name, service in services.items()} == {
-        "gateway": "ClusterIP", "triton": "ClusterIP", "redis": "ClusterIP"}
+        "gateway": "ClusterIP", "triton": "ClusterIP", "redis": "ClusterIP", "otel-collector": "ClusterIP"}
     assert {port["port"] for port in services["triton"]["spec"]["ports"]} == {8000, 8001, 8002}
 
 

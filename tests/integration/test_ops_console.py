@@ -6,15 +6,18 @@ request ever leaves the gateway's origin."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, expect
 
-from tests.console_support import PHONE, TOKEN, BackgroundLoad, ConsolePage, admin, chromium, console_page
+from services.inferlog.format import FORMAT
+from tests.console_support import PHONE, TOKEN, BackgroundLoad, ConsolePage, admin, chromium, console_page, mlp_body
 from tests.gateway_process import GatewayProcess, gateway_on_copy
 from tests.system_tools import require_tool
 from tests.waiting import wait_until
@@ -341,3 +344,33 @@ def test_console_requests_stay_on_the_gateway_origin_when_every_view_is_used(
     assert {"admin/ui", "admin/ui/console.js", "admin/ui/console.css", "admin/models", "admin/models/mlp/live"} <= paths
     assert [url for url in console.requests if not url.startswith(own)] == []
     assert console.foreign == []
+
+
+def test_console_shows_the_last_replay_check_when_an_activation_was_refused_by_it(
+    console: ConsolePage, gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    """A log of what version 2 answered, as the gateway's inference log writes it; version 1 checked against it is
+    refused, and the model's card says so with the figures of the check."""
+    records = []
+    for seed in range(5):
+        body, headers = mlp_body(seed)
+        answer = httpx.post(f"http://{gateway.http_url}/v2/models/mlp/versions/2/infer", content=body, headers=headers)
+        request = json.loads(body)
+        records.append({
+            "format": FORMAT, "id": f"r{seed}", "trace_id": None, "time": "2026-12-05T06:00:00Z", "model": "mlp",
+            "version": 2, "route": "pinned", "protocol": "http", "latency_ms": 1.0, "status": 200, "error": None,
+            "truncated": False, "redacted": [], "request": {"inputs": request["inputs"], "outputs": None},
+            "response": {"outputs": [{key: output[key] for key in ("name", "datatype", "shape", "data")}
+                                     for output in answer.json()["outputs"]]},
+        })
+    (tmp_path / "inference-20261205T060000000000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    refused = httpx.post(
+        f"http://{gateway.http_url}/admin/models/mlp/versions/1/activate", headers={"Authorization": f"Bearer {TOKEN}"},
+        json={"verify_replay": {"source": str(tmp_path)}}, timeout=60,
+    )
+    assert refused.status_code == 422, refused.text
+    console.signed_in()
+    line = console.field("mlp", "replay")
+    expect(line).to_contain_text("Replay check of v1")
+    expect(line).to_contain_text("refused; 5 of 5 logged requests compared, 5 differing")
+    expect(console.field("mlp", "stable")).to_have_text("v2")

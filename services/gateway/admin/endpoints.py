@@ -17,17 +17,20 @@ from services.gateway.rest.body import read_json_object
 from services.gateway.rest.responses import JSONBytesResponse, gateway_error_response
 from services.gateway.settings import Settings
 from services.gateway.shaping.admin_auth import AdminAuth
-from services.gateway.state.policies import CanaryPolicy, ShadowPolicy
+from services.gateway.state.policies import CanaryPolicy, InferenceLogPolicy, ShadowPolicy
 from services.gateway.tuning.options import TuneOptions, TuneOptionsError
 from services.gateway.tuning.service import TuneService
 from services.gateway.versions.loading import load_version, unload_version
 from services.gateway.versions.manager import VersionManager
 from services.gateway.versions.numbers import parse_version
-from services.gateway.versions.traffic import set_canary, set_shadow
+from services.gateway.versions.replay_check import ReplayOptions
+from services.gateway.versions.reports import ReportedSwapFailure
+from services.gateway.versions.traffic import set_canary, set_inference_log, set_shadow
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _SWITCH_OPTIONS: dict[str, type] = {"keep_previous": bool, "drain_timeout_s": float, "compare": bool}
+_ACTIVATE_OPTIONS: dict[str, type] = {**_SWITCH_OPTIONS, "verify_replay": ReplayOptions}
 _UNLOAD_OPTIONS: dict[str, type] = {"drain_timeout_s": float}
 MAX_EVENTS = 1000
 
@@ -50,7 +53,7 @@ class AdminEndpoints:
 
     async def activate(self, request: Request) -> Response:
         async def act(actor: str) -> Any:
-            options = self._options(await self._body(request), _SWITCH_OPTIONS)
+            options = self._options(await self._body(request), _ACTIVATE_OPTIONS)
             report = await self._manager.activate(_model(request), _version(request), actor=actor, **options)
             return report.to_json()
 
@@ -101,6 +104,17 @@ class AdminEndpoints:
                 log.warning("shadow of model '%s': %s", _model(request), note)
                 answer["deprecated"] = note
             return answer
+
+        return await self._answer(request, act)
+
+    async def inference_log(self, request: Request) -> Response:
+        """``{"percent": 0-100 or null, "redact": {...}}`` sets the model's own inference-log policy; ``{}`` or
+        ``{"percent": null}`` without redactions goes back to the gateway's settings."""
+
+        async def act(actor: str) -> Any:
+            asked = _parsed(InferenceLogPolicy.from_request, await self._body(request), set())
+            policy = None if asked.sample is None and not asked.redact else asked
+            return (await set_inference_log(self._manager, _model(request), policy, actor)).to_json()
 
         return await self._answer(request, act)
 
@@ -158,6 +172,8 @@ class AdminEndpoints:
             kind = allowed.get(key)
             if kind is None:
                 raise InvalidInput(f"unknown option {key!r}; expected: {names}")
+            if kind is ReplayOptions:
+                value = ReplayOptions.from_json(value)
             if kind is bool and not isinstance(value, bool):
                 raise InvalidInput(f"option {key!r} must be true or false, got {value!r}")
             if kind is float:
@@ -171,7 +187,10 @@ class AdminEndpoints:
 def admin_error_response(request: Request, exc: GatewayError) -> Response:
     """The admin API's answer to an error: the common error response (``Retry-After``, ``X-Request-Id``, the
     error's headers), the failed step of a version action beside the message, the bearer challenge on a 401."""
-    response = gateway_error_response(exc, fields={"step": exc.step} if isinstance(exc, SwapFailed) else None)
+    fields = {"step": exc.step} if isinstance(exc, SwapFailed) else None
+    if isinstance(exc, ReportedSwapFailure):  # e.g. the replay check's report: which answers differed
+        fields = {"step": exc.step, **exc.details}
+    response = gateway_error_response(exc, fields=fields)
     if isinstance(exc, Unauthorized):
         response.headers["WWW-Authenticate"] = 'Bearer realm="switchyard-admin"'
     if exc.status >= 500 and exc.status != 503:

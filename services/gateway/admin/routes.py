@@ -16,6 +16,7 @@ def add_admin_routes(app: FastAPI, endpoints: AdminEndpoints) -> None:
         ("/admin/models/{model_name}/rollback", endpoints.rollback, "POST"),
         ("/admin/models/{model_name}/traffic", endpoints.traffic, "PUT"),
         ("/admin/models/{model_name}/shadow", endpoints.shadow, "PUT"),
+        ("/admin/models/{model_name}/inference-log", endpoints.inference_log, "PUT"),
         ("/admin/models/{model_name}/versions/{model_version}/activate", endpoints.activate, "POST"),
         ("/admin/models/{model_name}/versions/{model_version}/load", endpoints.load, "POST"),
         ("/admin/models/{model_name}/versions/{model_version}/unload", endpoints.unload, "POST"),

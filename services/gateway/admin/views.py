@@ -42,6 +42,7 @@ def model_status(manager: VersionManager, model: str) -> dict[str, Any]:
         "problem": None if manager.router.ready(model) else manager.router.problem(model),
         "action": running.to_json() if running is not None else None,
         "last_action": last.to_json() if last is not None else None,
+        "last_replay": manager.last_replay.get(model),
     }
 
 

@@ -33,6 +33,7 @@ from services.gateway.errors import GatewayError, ModelNotReady, unknown_version
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.statistics import VersionStatistics
 from services.gateway.tensors.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
+from services.gateway.tracing.spans import CURRENT, RequestTrace
 from services.modelrepo import layout
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,8 @@ class EmbeddedBackend:
         self._gpu_fallback = gpu_fallback
         self._max_queue = max_queue
         self._inline_below_s = inline_below_s
+        self.traced = False
+        """Set by the app when tracing is on: requests then record their batch's queue wait and run."""
         self._catalog = catalog
         self._metrics = metrics
         self._threads = intra_op_threads
@@ -225,6 +228,10 @@ class EmbeddedBackend:
         config.CopyFrom(self._slot(model, version).config)
         return config
 
+    def trace(self) -> None:
+        """Tracing is on: each traced request records its batch's queue wait and run."""
+        self.traced = True
+
     async def infer(
         self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
     ) -> InferResponse:
@@ -237,11 +244,15 @@ class EmbeddedBackend:
             raise version_not_ready(request.model, version, slot.state.value.lower())
         inputs = runtime_inputs(slot.config, request.model, request.inputs)  # BYTES as the runtime's text
         statistics, began = slot.statistics, time.perf_counter()
+        trace = CURRENT.get() if self.traced else None
+        timing: list[float] | None = None if trace is None else [time.monotonic()]
         try:
-            outputs = await batcher.submit(inputs, timeout_s=timeout_s, priority=priority)
+            outputs = await batcher.submit(inputs, timeout_s=timeout_s, priority=priority, timing=timing)
         except (Exception, asyncio.CancelledError):  # refused, expired, cancelled or failed: Triton's "fail"
             statistics.failed(time.perf_counter() - began)
             raise
+        if trace is not None and timing is not None and len(timing) == 4:
+            record_batch(trace, timing)
         metadata = slot.metadata
         first = request.inputs[0].data if request.inputs else None
         rows = int(first.shape[0]) if metadata.max_batch_size > 0 and first is not None and first.ndim else 1
@@ -372,3 +383,11 @@ def _policy(
         default_timeout_s=queue.default_timeout_microseconds / 1e6,
         adaptive_delay=adaptive_delay,
     )
+
+
+def record_batch(trace: RequestTrace, timing: list[float]) -> None:
+    """A traced request's batch: its wait in the queue (submit to the batch's start on a thread) and the run."""
+    submitted, started, ended, rows = timing
+    size = {"switchyard.batch_size": int(rows)}
+    trace.child("batch queue", submitted, started, {**size, "switchyard.queue_delay_ms": (started - submitted) * 1e3})
+    trace.child("execute", started, ended, size)

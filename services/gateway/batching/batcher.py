@@ -109,6 +109,8 @@ class DynamicBatcher:
         """Set by the batch being formed's timer: its delay is over."""
         self._wanted = 0
         """Queued requests that would wake the worker forming a batch (0: any, as an idle worker wants)."""
+        self._timed = False
+        """Set once a traced request came: from then on each batch looks for requests that want its timing."""
 
     async def start(self) -> None:
         self._wakeup, self._forming, self._idle = asyncio.Event(), asyncio.Lock(), asyncio.Condition()
@@ -117,9 +119,13 @@ class DynamicBatcher:
             self._ahead_open = asyncio.Event()
             self._workers += [asyncio.create_task(self._work(self._ahead_open)) for _ in range(self._instances)]
 
-    async def submit(self, inputs: Tensors, *, timeout_s: float | None = None, priority: int = 0) -> dict[str, Array]:
+    async def submit(
+        self, inputs: Tensors, *, timeout_s: float | None = None, priority: int = 0, timing: list[float] | None = None
+    ) -> dict[str, Array]:
         """Queue one request (batch dim first when the model batches) and wait for its own outputs. ``priority``:
-        lower values leave the queue first; a full queue refuses the lowest one (which may be a queued request)."""
+        lower values leave the queue first; a full queue refuses the lowest one (which may be a queued request).
+        ``timing`` (a traced request's): filled with its batch's run, ``time.monotonic()`` at its start on a thread
+        and at its end, and the batch's rows (its queue wait is from the submit to that start)."""
         if self._wakeup is None:
             raise GatewayError("batcher used before start()")
         policy = self._policy
@@ -141,6 +147,9 @@ class DynamicBatcher:
             priority,
             now + timeout_s if timeout_s else None,
         )
+        if timing is not None:
+            item.timing = timing
+            self._timed = True
         queue.append(item)
         self._deadlines.watch(item)
         if len(queue) >= self._wanted:  # a worker waits for a first request, or this one fills its batch
@@ -326,6 +335,10 @@ class DynamicBatcher:
                 raise
             return
         answer(batch, outputs)
+        if self._timed:
+            for item in batch:
+                if item.timing is not None:
+                    item.timing += (started + waited, executed_at, float(rows))
         if self._observer is not None:  # the callers resume on a later loop turn: they see the batch counted
             waits = [started + waited - item.enqueued for item in batch]
             split_s = time.monotonic() - executed_at

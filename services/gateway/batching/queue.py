@@ -32,6 +32,8 @@ class QueuedRequest:
     """The caller's own deadline, which still holds once its batch runs (the queue policy's timeout does not)."""
     running: bool = False
     """Set once its batch started."""
+    timing: list[float] | None = None
+    """A traced request's slot for its batch's run (``DynamicBatcher.submit``): start, end, rows."""
 
 
 class RankedQueue:

@@ -13,6 +13,7 @@ from services.gateway.dataplane import DataPlane
 from services.gateway.grpc_api.health import HealthService
 from services.gateway.grpc_api.servicer import InferenceServicer
 from services.gateway.grpc_api.stream import StreamService
+from services.gateway.grpc_api.traced import TracedInferenceServicer
 from services.gateway.repository_api import RepositoryApi
 
 # Streams one connection may have open at once. The gateway admits far fewer requests per model (max_concurrency
@@ -121,7 +122,11 @@ async def start_server(
         options.append(("grpc.server_handshake_timeout_ms", max(int(handshake_timeout_s * 1000), 1)))
     server = grpc.aio.server(options=options)
     streams = StreamService(dataplane, max_inflight=stream_max_inflight, idle_timeout_s=stream_idle_timeout_s)
-    servicer = InferenceServicer(dataplane, repository=repository, streams=streams)
+    tracing = dataplane.observer.tracing if dataplane.observer is not None else None
+    if tracing is None:
+        servicer = InferenceServicer(dataplane, repository=repository, streams=streams)
+    else:
+        servicer = TracedInferenceServicer(dataplane, repository=repository, streams=streams, tracing=tracing)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, GenericHandlersOnly(server))
     health = HealthService(dataplane, interval_s=health_interval_s, max_watches=health_max_watches)
     health_pb2_grpc.add_HealthServicer_to_server(health, GenericHandlersOnly(server))

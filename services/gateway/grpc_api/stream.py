@@ -30,9 +30,11 @@ from services.gateway.grpc_api.codec import decode_request, encode_response
 from services.gateway.shaping.shaper import Admitted
 from services.gateway.tensors.regions import tensor_regions
 from services.gateway.tensors.types import InferResponse
+from services.gateway.tracing.spans import CURRENT, Tracing
 from services.gateway.versions.routing import Header
 
 PROTOCOL = "grpc"
+SPAN_NAME = "inference.GRPCInferenceService/ModelStreamInfer"
 _TASK_DONE: Final = object()
 """Put on the answer queue when a request's last answer is in, ``_READER_DONE`` when the stream's requests are over:
 wake-up calls for a writer waiting on an empty queue, which then checks whether the stream is over."""
@@ -49,6 +51,10 @@ class StreamService:
         self._closing = asyncio.Event()
         self._open: set[asyncio.Task[None]] = set()
         """The reader task of every open stream: cancelled at shutdown, so that no stream takes new requests."""
+
+    def _tracing(self) -> Tracing | None:
+        observer = self._dataplane.observer
+        return None if observer is None else observer.tracing
 
     def close(self) -> None:
         """Shutdown: every stream stops reading new requests, answers those in flight, then ends."""
@@ -76,7 +82,17 @@ class StreamService:
         async def serve_one(request: Any) -> None:
             nonlocal inflight
             try:
-                await self._serve(request, context, header, admission, answers)
+                tracing = self._tracing()
+                if tracing is None:
+                    await self._serve(request, context, header, admission, answers)
+                else:  # each request of the stream its own server span (in its own task: its own current trace)
+                    trace = tracing.server(SPAN_NAME, header, {"switchyard.model": request.model_name,
+                                                               "switchyard.protocol": PROTOCOL})
+                    CURRENT.set(trace)
+                    try:
+                        await self._serve(request, context, header, admission, answers)
+                    finally:
+                        trace.end()
             finally:
                 inflight -= 1
                 slots.release()

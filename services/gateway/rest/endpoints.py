@@ -6,6 +6,8 @@ from typing import Any
 
 from google.protobuf import json_format
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -68,13 +70,22 @@ class Endpoints:
         return JSONBytesResponse({"model_stats": model_stats, "gateway_stats": report.gateway_stats})
 
     async def metrics(self, request: Request) -> Response:
-        """This process's series; with several workers the node's (``?workers=each``: each worker's, labelled)."""
-        local = generate_latest(self._dataplane.metrics.registry)
+        """This process's series; with several workers the node's (``?workers=each``: each worker's, labelled).
+        A scraper that accepts OpenMetrics (Prometheus does) gets it, with the latency histograms' exemplars: the
+        trace ids of recorded requests. The node's merged answer is Prometheus text (merging adds samples up; an
+        exemplar belongs to one worker's sample)."""
         node = self._dataplane.node
+        registry = self._dataplane.metrics.registry
+        if node is None and OPENMETRICS in request.headers.get("accept", ""):
+            return Response(openmetrics_latest(registry), media_type=OPENMETRICS_TYPE)  # type: ignore[no-untyped-call]
+        local = generate_latest(registry)
         if node is None:
             return Response(local, media_type=CONTENT_TYPE_LATEST)
         merged = await node.metrics(local.decode(), per_worker=request.query_params.get("workers") == "each")
         return Response(merged, media_type=CONTENT_TYPE_LATEST)
+
+
+OPENMETRICS = "application/openmetrics-text"
 
 
 def _target(request: Request) -> tuple[str, int | None]:

@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from services.gateway.inference_log.records import LogPolicy, Redaction
+
 _HEADER = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
 
 
@@ -105,6 +107,43 @@ class ShadowPolicy:
     @property
     def percent(self) -> float:
         return round(self.sample * 100, 6)
+
+
+@dataclass(frozen=True)
+class InferenceLogPolicy(LogPolicy):
+    """A model's own inference-log policy, kept in its routing record so that every replica logs alike: the share of
+    its requests logged (``sample``, a fraction; ``None``: ``SWITCHYARD_INFERENCE_LOG_SAMPLE``) and the inputs never
+    logged as sent (``redact``: input name -> ``drop`` or ``hash``). The admin API speaks percent, as for a canary."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sample": self.sample, "redact": dict(self.redact)}
+
+    @classmethod
+    def from_json(cls, data: object) -> InferenceLogPolicy:
+        fields = _object(data, "inference_log", {"sample", "redact"})
+        return cls(_number(fields, "sample", 0.0, 1.0, None, ""), _redactions(fields.get("redact")))
+
+    @classmethod
+    def from_request(cls, data: object) -> InferenceLogPolicy:
+        """``{"percent": 0-100 or null, "redact": {"input": "drop" | "hash"}}`` (both optional)."""
+        fields = _object(data, "inference_log", {"percent", "redact"})
+        percent = _number(fields, "percent", 0.0, 100.0, None, "")
+        return cls(None if percent is None else percent / 100, _redactions(fields.get("redact")))
+
+    @property
+    def percent(self) -> float | None:
+        return None if self.sample is None else round(self.sample * 100, 6)
+
+
+REDACTIONS = ("drop", "hash")
+
+
+def _redactions(value: object) -> dict[str, Redaction]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and v in REDACTIONS for k, v in value.items()):
+        raise ValueError(f"'redact' must map input names to {' or '.join(map(repr, REDACTIONS))}, got {value!r}")
+    return {name: "drop" if how == "drop" else "hash" for name, how in value.items()}
 
 
 DEPRECATED_SAMPLE = ("'sample' (a fraction, 0-1) is deprecated: give 'percent' (0-100), the unit of the canary's "

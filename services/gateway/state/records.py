@@ -6,7 +6,7 @@ import datetime as dt
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeGuard
 
-from services.gateway.state.policies import CanaryPolicy, ShadowPolicy
+from services.gateway.state.policies import CanaryPolicy, InferenceLogPolicy, ShadowPolicy
 
 
 class StateError(Exception):
@@ -34,10 +34,13 @@ class RoutingRecord:
     unloaded: bool = False
     """Every version was unloaded through the repository API: unversioned requests get 404 until a load or an
     activation routes the model again (``stable`` is kept: the version a rollback or the audit log refers to)."""
+    inference_log: InferenceLogPolicy | None = None
+    """The model's own inference-log sample and redactions (``None``: the gateway's settings)."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["loaded"] = list(self.loaded)
+        data["inference_log"] = None if self.inference_log is None else self.inference_log.to_json()
         return data
 
     def but(self, **changes: Any) -> RoutingRecord:
@@ -77,7 +80,10 @@ class RoutingRecord:
         unloaded = data.get("unloaded", False)
         if not isinstance(unloaded, bool):
             raise ValueError(f"'unloaded' must be true or false, got {unloaded!r}")
-        return cls(stable, previous, generation, updated_at, canary, shadow, tuple(sorted(set(loaded))), unloaded)
+        logged = data.get("inference_log")
+        inference_log = InferenceLogPolicy.from_json(logged) if logged is not None else None
+        versions = tuple(sorted(set(loaded)))
+        return cls(stable, previous, generation, updated_at, canary, shadow, versions, unloaded, inference_log)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,12 +19,14 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.repository import Catalog
 from services.gateway.settings import Settings
 from services.gateway.state import Event, RoutingRecord, StateBusy, StateError, StateStore
+from services.gateway.state.records import now_iso
 from services.gateway.tensors.types import VersionState
 from services.gateway.versions.comparison import compare_versions
 from services.gateway.versions.follow import poll, scan_repository
 from services.gateway.versions.leases import Leases
 from services.gateway.versions.node import NodeWorkers
 from services.gateway.versions.progress import GATEWAY, ActionReport, Progress, Steps
+from services.gateway.versions.replay_check import ReplayOptions, refusal, replay_check
 from services.gateway.versions.replicas import catch_up, follow
 from services.gateway.versions.reports import failed, finish
 from services.gateway.versions.routing import Router
@@ -67,6 +69,8 @@ class VersionManager:
         """(model, generation) -> when following a routing record another gateway wrote failed (``replicas``)."""
         self.notes: dict[tuple[str, int], str] = {}
         """(model, version) -> what to know of a version that serves: its invented warm-up failed (the index says)."""
+        self.last_replay: dict[str, dict[str, Any]] = {}
+        """The last replay check's report of each model (an activation's ``verify_replay``), passed or not."""
         self._tasks: list[asyncio.Task[None]] = []
         self.workers: NodeWorkers | None = None
         """The node's other workers, on the worker that runs its version actions once they all started
@@ -107,9 +111,14 @@ class VersionManager:
         drain_timeout_s: float | None = None,
         compare: bool = True,
         actor: str = GATEWAY,
+        verify_replay: ReplayOptions | None = None,
     ) -> ActionReport:
+        """``verify_replay``: before the flip, replay the newest logged requests on ``version`` and refuse it (422,
+        the report in the answer) when its answers differ from the logged ones (``replay_check``)."""
         async with self.exclusive(model, "activate", version) as steps:
-            return await self._switch(model, version, steps, keep_previous, drain_timeout_s, compare, actor)
+            return await self._switch(
+                model, version, steps, keep_previous, drain_timeout_s, compare, actor, verify_replay
+            )
 
     async def rollback(
         self,
@@ -137,6 +146,7 @@ class VersionManager:
         drain_timeout_s: float | None,
         compare: bool,
         actor: str,
+        verify_replay: ReplayOptions | None = None,
     ) -> ActionReport:
         record = self.router.record(model)
         old = record.stable if record is not None else None
@@ -144,7 +154,7 @@ class VersionManager:
         if old == version:
             self.metrics.version_switches.labels(model, "unchanged").inc()
             return await finish(self, steps, "unchanged", versions, actor)
-        comparison = None
+        comparison = replayed = None
         warmed: WarmedUp | None = None
         try:
             warmed = await self.prepare(model, version, steps)
@@ -153,6 +163,9 @@ class VersionManager:
                     comparison = await compare_versions(
                         self.backend, self.catalog.entry(model), version, old, warmed, self.settings.warmup_timeout_s
                     )
+            if verify_replay is not None:
+                async with steps.run("replay"):
+                    replayed = await self.replay(model, version, verify_replay)
             async with steps.run("flip"):
                 routed = record.switched_to(version) if record is not None else RoutingRecord(stable=version)
                 dropped = {old} if old is not None and not keep_previous else set()
@@ -179,8 +192,9 @@ class VersionManager:
                 except GatewayError as exc:  # the switch itself is done; say what is left behind
                     after_flip_error = f"unloading version {old} failed: {exc}"
                     log.error("model '%s': %s", model, after_flip_error)
-        report = await finish(self, 
-            steps, "ok", versions, actor, comparison=comparison, error=after_flip_error, generation=routed.generation
+        report = await finish(
+            self, steps, "ok", versions, actor, comparison=comparison, error=after_flip_error,
+            generation=routed.generation, replay=replayed,
         )
         return report.but(
             routing=routed,
@@ -190,6 +204,19 @@ class VersionManager:
             unloaded=unloaded,
             flipped_at=flipped_at,
         )
+
+    async def replay(self, model: str, version: int, options: ReplayOptions) -> dict[str, Any]:
+        """The replay check's report (kept as the model's ``last_replay``); ``ReplayRefused`` when it failed."""
+        report = await replay_check(
+            self.backend, model, version, options.source, limit=options.limit, atol=options.atol, rtol=options.rtol,
+            timeout_s=self.settings.warmup_timeout_s,
+        )
+        data = {**report.to_json(), "checked_at": now_iso()}
+        self.last_replay[model] = data
+        refused = refusal(report)
+        if refused is not None:
+            raise refused
+        return data
 
     async def prepare(self, model: str, version: int, steps: Steps) -> WarmedUp | None:
         """Load ``version`` (unless it is loaded) and warm it up; undo what this did on failure. The warm-up when

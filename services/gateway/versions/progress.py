@@ -77,6 +77,8 @@ class ActionReport:
     steps: dict[str, float]
     routing: RoutingRecord | None = None
     comparison: dict[str, Any] | None = None
+    replay: dict[str, Any] | None = None
+    """The replay check's report (``verify_replay``): on success, and on the failure it caused."""
     drained: bool | None = None
     """Whether the replaced version's requests all finished within the drain timeout."""
     in_flight_left: int | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.state.policies import ShadowPolicy
 from services.gateway.tensors.bytes_codec import OBJECT, differing
 from services.gateway.tensors.types import Array, InferRequest, InferResponse, VersionState
+from services.gateway.tracing.observe import Observer
 from services.gateway.versions.leases import Leases
 
 log = logging.getLogger(__name__)
@@ -28,6 +30,9 @@ class ShadowRunner:
         self._metrics = metrics
         self._max_pending = max_pending
         self._pending: set[asyncio.Task[None]] = set()
+        self.observer: Observer | None = None
+        """Traces and the inference log (set by the app when either is on): a shadow call is a trace of its own,
+        linked to the request it copies, and a record with the route ``shadow``."""
 
     def offer(self, policy: ShadowPolicy, request: InferRequest, answer: InferResponse) -> None:
         """Called on the hot path after an unversioned answer: samples, and starts the shadow run without
@@ -52,15 +57,22 @@ class ShadowRunner:
 
     async def _run(self, version: int, request: InferRequest, answer: InferResponse) -> None:
         model = request.model
+        observer = self.observer
+        trace = None if observer is None else observer.shadow_trace(model, version)
+        started = time.perf_counter()
         self._leases.acquire(model, version)  # the shadow version must not be unloaded under this request
         try:
             shadow = await self._backend.infer(request, version=version, timeout_s=None, priority=0)
         except GatewayError as exc:
             self._metrics.shadow_requests.labels(model, "failed").inc()
             log.debug("shadow request to model '%s' version %d failed: %s", model, version, exc)
+            if observer is not None:
+                observer.shadowed(request, None, version, started, exc, trace)
             return
         finally:
             self._leases.release(model, version)
+        if observer is not None:
+            observer.shadowed(request, shadow, version, started, None, trace)
         served = {output.name: output.data for output in answer.outputs}
         divergence, disagreements = compare(served, {output.name: output.data for output in shadow.outputs})
         self._metrics.shadow_requests.labels(model, "ok").inc()

@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 
 from services.gateway.errors import Conflict, GatewayError, InvalidInput
 from services.gateway.state import Event, RoutingRecord
-from services.gateway.state.policies import CanaryPolicy, ShadowPolicy
+from services.gateway.state.policies import CanaryPolicy, InferenceLogPolicy, ShadowPolicy
 from services.gateway.state.records import now_iso
 from services.gateway.versions.comparison import compare_versions
 from services.gateway.versions.context import VersionContext
@@ -45,6 +45,19 @@ async def set_shadow(manager: VersionContext, model: str, shadow: ShadowPolicy |
     """``None`` (or a sample of 0) stops shadowing (the shadow version stays loaded)."""
     clears = shadow is None or shadow.sample == 0
     return await _set_policy(manager, model, "shadow", shadow, clears, actor, kind="shadow")
+
+
+async def set_inference_log(
+    manager: VersionContext, model: str, policy: InferenceLogPolicy | None, actor: str
+) -> ActionReport:
+    """The model's own inference-log sample and redactions (``None``: back to the gateway's settings), in its routing
+    record: every replica and worker logs by the same policy from the moment the record is committed."""
+    async with manager.exclusive(model, "inference_log", None) as steps:
+        record = _routed(manager, model)
+        if record.inference_log == policy:
+            return _unchanged(manager, steps, record)
+        detail = {"inference_log": None if policy is None else policy.to_json()}
+        return await _commit(manager, steps, record.but(inference_log=policy), actor, detail)
 
 
 async def _set_policy(

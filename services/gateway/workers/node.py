@@ -33,6 +33,7 @@ class WorkerNode:
     def __init__(self, place: WorkerPlace) -> None:
         self.place = place
         self.acting = place.acting
+        self.index = place.index
         self.peers = Peers(place)
         # This process's own mapping (a fork's would share the parent's lock); what a previous process of this worker
         # held when it died is not held any more.

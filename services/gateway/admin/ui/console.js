@@ -582,7 +582,16 @@ function renderCard(card, status, live) {
 
   card.status = status;
   const swap = state.swaps.get(card.name);
-  replace(card.last, swapSummary(swap ? swap.event : null));
+  replace(card.last, swapSummary(swap ? swap.event : null), replayLine(status.last_replay));
+}
+
+/** The last replay check of an activation (``--verify-replay``): its verdict and what it compared. */
+function replayLine(report) {
+  if (!report) return null;
+  const diffs = Object.entries(report.outputs || {}).map(([name, figures]) => `${name} ${typeof figures.max_abs_diff === "number" ? figures.max_abs_diff.toPrecision(3) : figures.max_abs_diff}`);
+  const verdict = report.passed ? "passed" : "refused";
+  const text = `Replay check of ${v(report.version)} ${when(report.checked_at)}: ${verdict}; ${report.compared} of ${report.records} logged requests compared, ${report.differing} differing, ${report.status_mismatches} status mismatches${diffs.length ? `; largest |difference|: ${diffs.join(", ")}` : ""}`;
+  return h("p", { class: report.passed ? "note" : "error", dataset: { field: "replay" }, title: report.source, text });
 }
 
 function running(action) {

@@ -246,6 +246,10 @@ class TritonBackend(TritonHealth):
             raise unknown_version(model, version, "not loaded")
 
     # -- inference (calls.py; decoupled models: streams.py) ---------------------------------------------------------
+    def trace(self) -> None:
+        """Tracing is on: each call to Triton is a client span, and Triton gets its context (``traceparent``)."""
+        self._calls.traced = True
+
     async def infer(
         self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
     ) -> InferResponse:

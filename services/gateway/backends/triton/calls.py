@@ -20,6 +20,7 @@ from services.gateway.errors import DeadlineExceeded, GatewayError, Overloaded
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import Settings
 from services.gateway.tensors.types import InferRequest, InferResponse
+from services.gateway.tracing.spans import CURRENT, failed
 
 
 class TritonCalls:
@@ -36,27 +37,53 @@ class TritonCalls:
         self.http: HttpPool | None = None
         """Set by the backend when inference goes over HTTP (``triton_http_url``)."""
         self._host = settings.triton_http_url.encode()
+        self.traced = False
+        """Set by the app when tracing is on: each call is a client span whose context Triton receives."""
 
     async def infer(
         self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
     ) -> InferResponse:
+        trace = CURRENT.get() if self.traced else None
+        if trace is None or not trace.sampled:
+            # Triton traces every request that carries a trace context, sampled flag or not: only a recorded
+            # request's context goes to it, so Triton records what the gateway records.
+            return await self._infer(request, version, timeout_s, priority, None)
+        transport = "grpc" if self.http is None or self._settings.triton_shared_memory else "http"
+        span, carried = trace.client(
+            "triton infer", {"switchyard.model": request.model, "switchyard.version": version,
+                             "switchyard.triton_transport": transport}
+        )
+        try:
+            return await self._infer(request, version, timeout_s, priority, carried)
+        except BaseException as exc:
+            failed(span, exc)
+            raise
+        finally:
+            span.end()
+
+    async def _infer(
+        self, request: InferRequest, version: int, timeout_s: float | None, priority: int,
+        carried: dict[str, str] | None,
+    ) -> InferResponse:
+        """``carried``: the trace context for Triton (``traceparent``), whose own spans then nest under the call's."""
         channels = self._admit(request, timeout_s)
         forward = self._settings.triton_shared_memory
         http = self.http
         if http is not None and not forward:
-            return await self._over_http(http, request, version, timeout_s, priority)
+            return await self._over_http(http, request, version, timeout_s, priority, carried)
+        metadata = None if carried is None else tuple(carried.items())
         message = infer_request(request, version, timeout_s, priority, forward=forward)
         self._inflight += 1
         started = time.monotonic()
         try:
             if timeout_s is not None:
                 # The client timeout ends the call on our side when Triton's own queue timeout does.
-                reply = await channels.infer(message, timeout=timeout_s)
+                reply = await channels.infer(message, timeout=timeout_s, metadata=metadata)
             else:
                 # No deadline: only a safety net against a Triton that accepts calls and never answers. A gRPC
                 # deadline would cost a timer in gRPC core here and in Triton on every call; the loop's is cheap.
                 async with asyncio.timeout(self._settings.triton_infer_timeout_s):
-                    reply = await channels.infer(message)
+                    reply = await channels.infer(message, metadata=metadata)
         except TimeoutError:
             raise self._silent(request) from None
         except grpc.RpcError as exc:
@@ -118,9 +145,13 @@ class TritonCalls:
         return channels
 
     async def _over_http(
-        self, http: HttpPool, request: InferRequest, version: int, timeout_s: float | None, priority: int
+        self, http: HttpPool, request: InferRequest, version: int, timeout_s: float | None, priority: int,
+        carried: dict[str, str] | None,
     ) -> InferResponse:
         head, parts = http_request(request, version, timeout_s, priority, self._host)
+        if carried:  # the trace context as headers, before the head's closing blank line
+            head = head[:-2] + b"".join(f"{name}: {value}\r\n".encode("latin-1") for name, value in carried.items())
+            head += b"\r\n"
         self._inflight += 1
         started = time.monotonic()
         try:

@@ -1,0 +1,152 @@
+"""What the data plane tells the traces and the inference log about a request, in one place: the data plane holds
+an ``Observer`` only while tracing or the inference log is on, and calls it at the points it reaches anyway (routed
+and served, failed, refused, waiting at the model's concurrency gate)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from services.gateway.errors import GatewayError
+from services.gateway.inference_log.records import Exchange
+from services.gateway.inference_log.writer import InferenceLog
+from services.gateway.tensors.types import InferRequest, InferResponse
+from services.gateway.tracing.spans import CURRENT, RequestTrace, Tracing
+
+
+class Gate(Protocol):
+    """A model's concurrency gate (``shaping.concurrency.ModelGate``), as far as a wait at it is recorded."""
+
+    async def enter(self, rank: int, deadline: float | None) -> None: ...
+
+
+StableOf = Callable[[str], int | None]
+"""The stable version the routing names for a model (``None``: none), to tell a stable answer from a canary's."""
+
+
+class Observer:
+    def __init__(self, tracing: Tracing | None, log: InferenceLog | None, stable_of: StableOf) -> None:
+        self.tracing = tracing
+        self.log = log
+        self._stable_of = stable_of
+
+    def close(self, timeout_s: float) -> None:
+        """At shutdown: the log writes what it holds (within ``timeout_s``), the traces export theirs."""
+        if self.log is not None:
+            self.log.close(timeout_s)
+        if self.tracing is not None:
+            self.tracing.close()
+
+    def current(self) -> RequestTrace | None:
+        return CURRENT.get() if self.tracing is not None else None
+
+    def exemplar(self) -> dict[str, str] | None:
+        trace = self.current()
+        return None if trace is None else trace.exemplar
+
+    def route(self, request: InferRequest, version: int | None) -> str | None:
+        """How the request reached its version: ``pinned`` (the client named it), ``stable`` or ``canary``."""
+        if version is None:
+            return None
+        if request.version is not None:
+            return "pinned"
+        return "stable" if self._stable_of(request.model) == version else "canary"
+
+    def refused(self, error: GatewayError) -> None:
+        """Any counted failure (at the edge or in the data plane): the server span gets its status and reason."""
+        trace = self.current()
+        if trace is None:
+            return
+        trace.status = error.status
+        attributes: dict[str, str] = {}
+        if error.reason is not None:
+            trace.reason = error.reason
+        if error.request_id is not None:
+            attributes["switchyard.request_id"] = error.request_id
+        if attributes:
+            trace.set(attributes)
+
+    async def gate_wait(self, gate: Gate, priority: int, deadline: float | None) -> None:
+        """Wait at the model's concurrency gate, recorded as the request's admission wait."""
+        trace = self.current()
+        if trace is None:
+            await gate.enter(priority, deadline)
+            return
+        began = time.monotonic()
+        try:
+            await gate.enter(priority, deadline)
+        finally:
+            trace.child("admission wait", began, time.monotonic(), {"switchyard.priority": priority})
+
+    def served(
+        self, request: InferRequest, response: InferResponse, version: int, protocol: str, started: float,
+        elapsed: float,
+    ) -> None:
+        route = self.route(request, version)
+        trace = self._routed(request, version, route)
+        log = self.log
+        if log is not None and log.wants(request.model):
+            log.offer(self._exchange(request, response, 200, None, version, route, protocol, started, elapsed, trace))
+
+    def failed(
+        self, request: InferRequest, version: int | None, protocol: str, started: float, error: GatewayError
+    ) -> None:
+        route = self.route(request, version)
+        trace = self._routed(request, version, route)
+        log = self.log
+        if log is not None and log.wants(request.model):
+            elapsed = time.perf_counter() - started
+            exchange = self._exchange(
+                request, None, error.status, str(error), version, route, protocol, started, elapsed, trace
+            )
+            log.offer(exchange)
+
+    def shadow_trace(self, model: str, version: int) -> RequestTrace | None:
+        """A shadow call's own trace, linked to the request it copies (the task's current trace, inherited from the
+        request that started it), made current for the call's stages."""
+        tracing = self.tracing
+        if tracing is None:
+            return None
+        primary = CURRENT.get()
+        attributes = {"switchyard.model": model, "switchyard.version": version, "switchyard.route": "shadow"}
+        trace = tracing.linked("shadow infer", [] if primary is None else [primary], attributes)
+        CURRENT.set(trace)  # in the shadow's own task: the request's context is a copy
+        return trace
+
+    def shadowed(
+        self, request: InferRequest, response: InferResponse | None, version: int, started: float,
+        error: GatewayError | None, trace: RequestTrace | None,
+    ) -> None:
+        """A shadow call's end: its trace ends, and it is logged with the route ``shadow`` (when sampled)."""
+        status = 200 if error is None else error.status
+        if trace is not None:
+            trace.end(status)
+        log = self.log
+        if log is not None and log.wants(request.model):
+            elapsed = time.perf_counter() - started
+            text = None if error is None else str(error)
+            log.offer(self._exchange(request, response, status, text, version, "shadow", "shadow", started, elapsed,
+                                     trace))
+
+    def _routed(self, request: InferRequest, version: int | None, route: str | None) -> RequestTrace | None:
+        trace = self.current()
+        if trace is not None and version is not None:
+            trace.set(
+                {"switchyard.version": version, "switchyard.route": route or "", "switchyard.tenant": request.tenant}
+            )
+        return trace
+
+    @staticmethod
+    def _exchange(
+        request: InferRequest, response: InferResponse | None, status: int, error: str | None, version: int | None,
+        route: str | None, protocol: str, started: float, elapsed: float, trace: RequestTrace | None,
+    ) -> Exchange:
+        arrived = time.time() - (time.perf_counter() - started)
+        request_id = trace.span_id if trace is not None else os.urandom(8).hex()
+        return Exchange(
+            request=request, response=response, status=status, error=error, version=version, route=route,
+            protocol=protocol, arrived=arrived, latency_s=elapsed, request_id=request_id,
+            trace_id=trace.trace_id if trace is not None else None,
+        )

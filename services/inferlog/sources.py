@@ -1,0 +1,168 @@
+"""Reading the inference log back: records from a JSON-lines directory or a Redis stream, oldest first.
+
+``switchyard replay`` reads every record of a model (or the first ``limit``); an activation's replay check reads the
+newest ``limit`` (``newest=True``), which are what the serving version answers now. Every record goes through
+``format.check_record``: a line that is not a record is an error naming its file and line (or stream entry), never
+skipped silently, because a replay that quietly compares fewer answers than the log holds would pass too easily.
+
+Imports the standard library only at module level (the ops CLI starts fast); ``redis`` when a stream is read."""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from services.inferlog.format import RecordError, check_record
+
+__all__ = ["FILE_PATTERN", "REDIS_PAGE", "SourceError", "read_records"]
+
+FILE_PATTERN = "inference-*.jsonl"
+"""The log's files in a directory; their names sort by the time they were started."""
+REDIS_PAGE = 500
+"""Stream entries per XRANGE call: large enough to be quick, small enough not to hold a big stream in one reply."""
+
+
+class SourceError(Exception):
+    """The log itself cannot be read (a missing directory, a stream that is not there, Redis down, a bad URL); the
+    message names the source and how to fix the call."""
+
+
+def read_records(
+    source: str, *, model: str | None = None, limit: int | None = None, newest: bool = False
+) -> Iterator[dict[str, Any]]:
+    """The records of ``source`` (a directory path, ``file:///abs/dir`` or ``redis://host:port/db?stream=NAME``) in
+    the order they were written, only ``model``'s when given, at most ``limit``: the first ones, or with ``newest``
+    the last ones (still oldest first). ``SourceError`` when the source cannot be read, ``RecordError`` (naming the
+    file and line, or the stream entry) for an entry that is not a record."""
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be 0 or more, got {limit}")
+    records = _records_of(source)
+    if model is not None:
+        records = (record for record in records if record["model"] == model)
+    if limit is None:
+        return records
+    if newest:
+        return iter(collections.deque(records, maxlen=limit))
+    return _first(records, limit)
+
+
+def _records_of(source: str) -> Iterator[dict[str, Any]]:
+    if source.startswith("redis://") or source.startswith("rediss://"):
+        return _stream_records(source)
+    if source.startswith("file://"):
+        parts = urlsplit(source)
+        if parts.netloc not in ("", "localhost"):
+            raise SourceError(f"{source}: a file:// source names a local directory, as file:///absolute/path")
+        return _directory_records(Path(unquote(parts.path)))
+    if "://" in source:
+        raise SourceError(
+            f"{source}: not a source this reads; give a directory, file:///absolute/dir "
+            "or redis://host:port/db?stream=NAME"
+        )
+    return _directory_records(Path(source))
+
+
+def _first(records: Iterable[dict[str, Any]], limit: int) -> Iterator[dict[str, Any]]:
+    if limit == 0:
+        return
+    for count, record in enumerate(records, start=1):
+        yield record
+        if count >= limit:
+            return
+
+
+# -- a JSON-lines directory -----------------------------------------------------------------------------------
+def _directory_records(folder: Path) -> Iterator[dict[str, Any]]:
+    """Checked before the first record is asked for: a wrong path is reported at once, not on first iteration."""
+    if not folder.is_dir():
+        what = "is not a directory" if folder.exists() else "does not exist"
+        raise SourceError(f"inference log directory {folder} {what}; give the directory SWITCHYARD_INFERENCE_LOG names")
+    files = sorted(folder.glob(FILE_PATTERN))
+    return _lines_of(files)
+
+
+def _lines_of(files: list[Path]) -> Iterator[dict[str, Any]]:
+    for position, path in enumerate(files):
+        being_written = position == len(files) - 1
+        with path.open("rb") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.endswith(b"\n") and being_written:
+                    return  # the writer is in the middle of this line: it is not a record yet
+                if line.strip():
+                    yield _parsed(line, f"{path}, line {number}")
+
+
+# -- a Redis stream -------------------------------------------------------------------------------------------
+def _stream_records(url: str) -> Iterator[dict[str, Any]]:
+    """Opens the connection and checks the stream before the first record is asked for."""
+    import redis  # only here: the ops CLI imports this module at startup
+
+    stream = _stream_name(url)
+    client = redis.Redis.from_url(url.split("?", 1)[0], socket_connect_timeout=5, socket_timeout=30)
+    try:
+        exists = client.exists(stream)
+    except redis.RedisError as exc:
+        client.close()
+        raise SourceError(f"cannot read the Redis stream '{stream}' at {_no_password(url)}: {exc}") from None
+    if not exists:
+        client.close()
+        raise SourceError(f"Redis at {_no_password(url)} has no stream '{stream}'; check ?stream= and the database")
+    return _stream_pages(client, stream, url)
+
+
+def _stream_pages(client: Any, stream: str, url: str) -> Iterator[dict[str, Any]]:
+    import redis
+
+    start = "-"
+    try:
+        while True:
+            try:
+                page = client.xrange(stream, min=start, max="+", count=REDIS_PAGE)
+            except redis.RedisError as exc:
+                raise SourceError(f"reading the Redis stream '{stream}' at {_no_password(url)} failed: {exc}") from None
+            for entry_id, fields in page:
+                yield _stream_record(stream, entry_id, fields)
+            if len(page) < REDIS_PAGE:
+                return
+            start = "(" + _text(page[-1][0])  # exclusive: the page after the last entry read
+    finally:
+        client.close()
+
+
+def _stream_record(stream: str, entry_id: object, fields: dict[Any, Any]) -> dict[str, Any]:
+    where = f"stream '{stream}' entry {_text(entry_id)}"
+    value = fields.get(b"record", fields.get("record"))
+    if value is None:
+        raise RecordError(f"{where}: no 'record' field (fields: {', '.join(_text(key) for key in fields)})")
+    return _parsed(value if isinstance(value, bytes) else str(value).encode(), where)
+
+
+def _stream_name(url: str) -> str:
+    names = parse_qs(urlsplit(url).query).get("stream", [])
+    if len(names) != 1 or not names[0]:
+        raise SourceError(f"{_no_password(url)}: name the stream once, as redis://host:port/db?stream=NAME")
+    return names[0]
+
+
+def _no_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return url.replace(f":{parts.password}@", ":<password>@", 1)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _parsed(raw: bytes, where: str) -> dict[str, Any]:
+    try:
+        return check_record(json.loads(raw))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RecordError(f"{where}: not a JSON record ({exc})") from None
+    except RecordError as exc:
+        raise RecordError(f"{where}: {exc}") from None

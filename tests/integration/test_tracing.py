@@ -1,0 +1,273 @@
+"""Traces and the inference log end to end, on the embedded backend with the example models: one gateway (real ports)
+exporting to an OTLP/HTTP receiver the test runs and logging every request to a JSON-lines folder.
+
+The sampler records no trace the gateway starts itself (``parentbased_traceidratio`` at 0): what is recorded is
+what a caller asked for with a sampled ``traceparent``, which is always honoured."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from typer.testing import CliRunner
+
+from examples import models
+from services.cli import app as switchyard
+from services.gateway.settings import Settings
+from services.inferlog.format import inputs_of, outputs_of
+from tests.gateway_harness import RunningGateway, running_gateway
+from tests.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver
+
+SERVER, CLIENT = 2, 3  # OTLP span kinds
+TOKEN = "tracing-test-token"
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OtlpReceiver]:
+    with otlp_receiver() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def log_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("inference-log")
+
+
+@pytest.fixture(scope="module")
+def gateway(example_repository: Path, receiver: OtlpReceiver, log_folder: Path) -> Iterator[RunningGateway]:
+    environment = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_SERVICE_NAME": "gateway-under-test",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0",
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+    }
+    settings = Settings(
+        repository=example_repository, port=0, grpc_port=0, inference_log=f"file://{log_folder}",
+        inference_log_sample=1.0, admin_token=TOKEN,
+    )
+    with mock.patch.dict(os.environ, environment), running_gateway(settings) as running:
+        yield running
+
+
+def traceparent(trace_id: str, span_id: str = "00f067aa0ba902b7", sampled: bool = True) -> str:
+    return f"00-{trace_id}-{span_id}-{'01' if sampled else '00'}"
+
+
+def sampled(header: str) -> bool:
+    """The W3C sampled bit of a ``traceparent`` (other bits, such as level 2's random flag, may be set)."""
+    return bool(int(header.rsplit("-", 1)[1], 16) & 1)
+
+
+def features(rows: int = 1) -> np.ndarray:
+    return models.mlp_inputs(rows, seed=3).numpy()
+
+
+def trace_of(receiver: OtlpReceiver, trace_id: str, names: set[str]) -> dict[str, ReceivedSpan]:
+    spans = receiver.wait_for(lambda got: names <= {s.name for s in got if s.trace_id == trace_id}, timeout_s=10)
+    return {span.name: span for span in spans if span.trace_id == trace_id}
+
+
+@pytest.mark.slow
+def test_http_request_with_a_sampled_parent_is_traced_stage_by_stage_and_its_answer_names_the_span(
+    gateway: RunningGateway, receiver: OtlpReceiver
+) -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    body = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": features().ravel().tolist()}]}
+    answer = httpx.post(
+        f"http://{gateway.http_url}/v2/models/mlp/infer", json=body, headers={"traceparent": traceparent(trace_id)}
+    )
+    assert answer.status_code == 200, answer.text
+    version, trace, span_id, flags = answer.headers["traceparent"].split("-")
+    assert (version, trace) == ("00", trace_id)
+    assert sampled(answer.headers["traceparent"])
+
+    spans = trace_of(receiver, trace_id, {"POST /v2/models/{model_name}/infer", "batch queue", "execute"})
+    server = spans["POST /v2/models/{model_name}/infer"]
+    assert server.span_id == span_id
+    assert server.parent_span_id == "00f067aa0ba902b7"
+    assert server.kind == SERVER
+    assert server.service == "gateway-under-test"
+    assert server.attributes["switchyard.model"] == "mlp"
+    assert server.attributes["switchyard.version"] == 2
+    assert server.attributes["switchyard.route"] == "stable"
+    assert server.attributes["switchyard.outcome"] == "ok"
+    for stage in ("batch queue", "execute"):
+        child = spans[stage]
+        assert child.parent_span_id == server.span_id
+        assert server.start_ns <= child.start_ns <= child.end_ns <= server.end_ns
+        assert child.attributes["switchyard.batch_size"] >= 1
+    assert spans["batch queue"].end_ns <= spans["execute"].start_ns
+
+
+@pytest.mark.slow
+def test_grpc_request_with_a_sampled_parent_is_traced_and_its_initial_metadata_names_the_span(
+    gateway: RunningGateway, receiver: OtlpReceiver
+) -> None:
+    trace_id = "5cf92f3577b34da6a3ce929d0e0e4736"
+    client = grpcclient.InferenceServerClient(gateway.grpc_url)
+    tensor = grpcclient.InferInput("features", [1, 32], "FP32")
+    tensor.set_data_from_numpy(features())
+    pinned = client.infer("mlp", [tensor], model_version="1", headers={"traceparent": traceparent(trace_id)})
+    assert pinned.get_response().model_version == "1"
+    spans = trace_of(receiver, trace_id, {"inference.GRPCInferenceService/ModelInfer", "execute"})
+    server = spans["inference.GRPCInferenceService/ModelInfer"]
+    assert server.parent_span_id == "00f067aa0ba902b7"
+    assert server.attributes["switchyard.route"] == "pinned"
+    assert server.attributes["switchyard.version"] == 1
+    assert spans["execute"].parent_span_id == server.span_id
+
+
+@pytest.mark.slow
+def test_unsampled_requests_record_nothing_but_still_carry_their_traceparent(
+    gateway: RunningGateway, receiver: OtlpReceiver
+) -> None:
+    trace_id = "6df92f3577b34da6a3ce929d0e0e4736"
+    body = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": features().ravel().tolist()}]}
+    url = f"http://{gateway.http_url}/v2/models/mlp/infer"
+    unparented = httpx.post(url, json=body)
+    declined = httpx.post(url, json=body, headers={"traceparent": traceparent(trace_id, sampled=False)})
+    marker = "7ef92f3577b34da6a3ce929d0e0e4736"  # a sampled request after them: once it arrived, they would have too
+    httpx.post(url, json=body, headers={"traceparent": traceparent(marker)})
+    trace_of(receiver, marker, {"POST /v2/models/{model_name}/infer"})
+    assert not sampled(unparented.headers["traceparent"])
+    assert declined.headers["traceparent"].split("-")[1] == trace_id
+    assert not sampled(declined.headers["traceparent"])
+    recorded = {span.trace_id for span in receiver.spans()}
+    assert trace_id not in recorded
+    assert unparented.headers["traceparent"].split("-")[1] not in recorded
+
+
+@pytest.mark.slow
+def test_refused_request_is_traced_with_its_status_and_reason(gateway: RunningGateway, receiver: OtlpReceiver) -> None:
+    trace_id = "8af92f3577b34da6a3ce929d0e0e4736"
+    body = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16], "data": [0.0] * 16}]}
+    answer = httpx.post(
+        f"http://{gateway.http_url}/v2/models/mlp/infer", json=body, headers={"traceparent": traceparent(trace_id)}
+    )
+    assert answer.status_code == 400
+    assert answer.headers["traceparent"].split("-")[1] == trace_id
+    server = trace_of(receiver, trace_id, {"POST /v2/models/{model_name}/infer"})["POST /v2/models/{model_name}/infer"]
+    assert server.attributes["switchyard.status"] == 400
+    assert server.attributes["switchyard.outcome"] == "rejected"
+    assert server.attributes["switchyard.rejection"] == "invalid"
+
+
+@pytest.mark.slow
+def test_openmetrics_scrape_shows_the_trace_ids_of_recorded_requests_as_exemplars(
+    gateway: RunningGateway, receiver: OtlpReceiver
+) -> None:
+    trace_id = "9bf92f3577b34da6a3ce929d0e0e4736"
+    body = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": features().ravel().tolist()}]}
+    httpx.post(
+        f"http://{gateway.http_url}/v2/models/mlp/infer", json=body, headers={"traceparent": traceparent(trace_id)}
+    ).raise_for_status()
+    scrape = httpx.get(
+        f"http://{gateway.http_url}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+    )
+    assert scrape.headers["content-type"].startswith("application/openmetrics-text")
+    lines = [line for line in scrape.text.splitlines() if line.startswith("switchyard_request_duration_seconds_bucket")]
+    assert any(f'# {{trace_id="{trace_id}"}}' in line for line in lines), lines[:5]
+    plain = httpx.get(f"http://{gateway.http_url}/metrics")
+    assert plain.headers["content-type"].startswith("text/plain")
+    assert "trace_id" not in plain.text
+
+
+@pytest.mark.slow
+def test_inference_log_keeps_a_record_of_every_request_with_failures_and_binary_inputs_decoded(
+    gateway: RunningGateway, log_folder: Path
+) -> None:
+    """1,000 requests at sample 1.0: 1,000 records (over HTTP JSON, HTTP binary and gRPC), the refused ones too."""
+    before = _records(log_folder)
+    http = httpclient.InferenceServerClient(gateway.http_url, concurrency=4)
+    grpc = grpcclient.InferenceServerClient(gateway.grpc_url)
+    sent: list[np.ndarray] = []
+    for index in range(990):
+        data = models.mlp_inputs(1, seed=index).numpy()
+        sent.append(data)
+        if index % 2:
+            tensor = httpclient.InferInput("features", [1, 32], "FP32")
+            tensor.set_data_from_numpy(data, binary_data=True)
+            http.infer("mlp", [tensor])
+        else:
+            tensor = grpcclient.InferInput("features", [1, 32], "FP32")
+            tensor.set_data_from_numpy(data)
+            grpc.infer("mlp", [tensor])
+    wrong = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16], "data": [0.0] * 16}]}
+    for _ in range(10):
+        assert httpx.post(f"http://{gateway.http_url}/v2/models/mlp/versions/1/infer", json=wrong).status_code == 400
+    records = _wait_for_records(log_folder, len(before) + 1000)[len(before):]
+    assert len(records) == 1000
+    served = [record for record in records if record["status"] == 200]
+    failed = [record for record in records if record["status"] == 400]
+    assert len(served) == 990
+    assert len(failed) == 10
+    for record, data in zip(served, sent, strict=True):
+        assert record["model"] == "mlp"
+        assert record["version"] == 2
+        assert record["route"] == "stable"
+        [(name, datatype, values)] = inputs_of(record)
+        assert (name, datatype) == ("features", "FP32")
+        np.testing.assert_array_equal(values, data)
+        assert set(outputs_of(record)) == {"logits", "probabilities"}
+    assert {record["protocol"] for record in served} == {"http", "grpc"}
+    assert all(record["response"] is None and "Expected [-1,32]" in record["error"] for record in failed)
+    assert all(record["route"] == "pinned" and record["version"] == 1 for record in failed)
+    assert len({record["id"] for record in records}) == 1000
+
+
+@pytest.mark.slow
+def test_replay_of_the_log_passes_on_the_version_that_answered_and_refuses_the_other(
+    gateway: RunningGateway, log_folder: Path, tmp_path: Path
+) -> None:
+    """The gateway's log of what version 2 answered (the stable requests above, as the writer wrote them): replayed
+    on version 2 it matches, on version 1 it differs (exit 1); an activation of version 1 verified against it is
+    refused, of version 2 accepted."""
+    recorded = tmp_path / "recorded-on-2"
+    recorded.mkdir()
+    lines = [line for path in sorted(log_folder.glob("inference-*.jsonl")) for line in path.read_text().splitlines()]
+    kept = [line for line in lines if (record := json.loads(line))["version"] == 2 and record["status"] == 200]
+    assert len(kept) >= 990
+    (recorded / "inference-20261205T000000000000.jsonl").write_text("\n".join(kept) + "\n")
+    log_folder = recorded
+    url = f"http://{gateway.http_url}"
+    replay = ["replay", str(log_folder), "--url", url, "--model", "mlp", "--limit", "200"]
+    same = CliRunner().invoke(switchyard, [*replay, "--version", "2", "--json"])
+    assert same.exit_code == 0, same.output
+    assert json.loads(same.output)["passed"] is True
+    other = CliRunner().invoke(switchyard, [*replay, "--version", "1"])
+    assert other.exit_code == 1, other.output
+
+    admin = ["models", "activate", "mlp", "--url", url, "--token", TOKEN, "--verify-replay", str(log_folder),
+             "--replay-limit", "200"]
+    refused = CliRunner().invoke(switchyard, [*admin[:3], "1", *admin[3:]])
+    assert refused.exit_code == 1, refused.output
+    stable = httpx.get(f"{url}/admin/models/mlp", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    assert stable["routing"]["stable"] == 2
+    CliRunner().invoke(switchyard, ["models", "activate", "mlp", "1", "--url", url, "--token", TOKEN])
+    accepted = CliRunner().invoke(switchyard, [*admin[:3], "2", *admin[3:]])
+    assert accepted.exit_code == 0, accepted.output
+
+
+def _records(folder: Path) -> list[dict[str, object]]:
+    lines = [line for path in sorted(folder.glob("inference-*.jsonl")) for line in path.read_text().splitlines()]
+    return [json.loads(line) for line in lines if line]
+
+
+def _wait_for_records(folder: Path, count: int) -> list[dict[str, object]]:
+    import time
+
+    deadline = time.monotonic() + 20
+    while True:
+        records = _records(folder)
+        if len(records) >= count or time.monotonic() > deadline:
+            return records
+        time.sleep(0.05)
