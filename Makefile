@@ -20,7 +20,7 @@ install: $(VENV)/.installed triton-install $(KSERVE)/.installed-$(KSERVE_SPEC)
 UV_VERSION := 0.13.9
 UV_HOME := .tools/uv
 UV := $(UV_HOME)/bin/uv
-UV_INSTALL = $(UV) pip install --quiet $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
+UV_INSTALL = $(UV) pip install --quiet --compile-bytecode $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 
 $(UV):
 	rm -rf $(UV_HOME) && $(PYTHON) -m venv $(UV_HOME)

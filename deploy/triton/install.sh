@@ -77,7 +77,7 @@ else
   rm -rf "$STUBENV"
   "$PY" -m venv "$STUBENV"
   if [ -n "${UV:-}" ] && [ -x "$UV" ]; then
-    install=("$UV" pip install --quiet --python "$STUBENV/bin/python" ${PIP_FIND_LINKS:+--find-links "$PIP_FIND_LINKS"})
+    install=("$UV" pip install --quiet --compile-bytecode --python "$STUBENV/bin/python" ${PIP_FIND_LINKS:+--find-links "$PIP_FIND_LINKS"})
   else
     install=("$STUBENV/bin/python" -m pip install --quiet)
   fi

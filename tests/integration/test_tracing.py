@@ -225,6 +225,35 @@ def test_inference_log_keeps_a_record_of_every_request_with_failures_and_binary_
 
 
 @pytest.mark.slow
+def test_shadow_call_is_a_trace_of_its_own_linked_to_the_request_it_copies(
+    gateway: RunningGateway, receiver: OtlpReceiver
+) -> None:
+    url = f"http://{gateway.http_url}"
+    admin = {"Authorization": f"Bearer {TOKEN}"}
+    body = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": features().ravel().tolist()}]}
+    trace_id = "ab" * 16
+    httpx.put(f"{url}/admin/models/mlp/shadow", headers=admin, json={"version": 1, "percent": 100}).raise_for_status()
+    try:
+        httpx.post(f"{url}/v2/models/mlp/infer", json=body, headers={"traceparent": traceparent(trace_id)})
+        spans = receiver.wait_for(
+            lambda got: any(s.name == "shadow infer" and s.links and s.links[0][0] == trace_id for s in got)
+        )
+    finally:
+        httpx.put(f"{url}/admin/models/mlp/shadow", headers=admin, json={"version": None}).raise_for_status()
+    server = trace_of(receiver, trace_id, {"POST /v2/models/{model_name}/infer"})["POST /v2/models/{model_name}/infer"]
+    shadow = next(span for span in spans if span.name == "shadow infer" and span.links[0][0] == trace_id)
+    assert shadow.trace_id != trace_id
+    assert shadow.parent_span_id == ""
+    assert shadow.links == [(trace_id, server.span_id)]
+    assert shadow.attributes["switchyard.version"] == 1
+    assert shadow.attributes["switchyard.route"] == "shadow"
+    execute = receiver.wait_for(lambda got: any(s.trace_id == shadow.trace_id and s.name == "execute" for s in got))
+    assert [s.parent_span_id for s in execute if s.trace_id == shadow.trace_id and s.name == "execute"] == [
+        shadow.span_id
+    ]
+
+
+@pytest.mark.slow
 def test_replay_of_the_log_passes_on_the_version_that_answered_and_refuses_the_other(
     gateway: RunningGateway, log_folder: Path, tmp_path: Path
 ) -> None:

@@ -292,8 +292,11 @@ def _admin_paths() -> Json:
                                            ("400", "404", "409"), body="TrafficPolicy", optional_body=False)},
         f"{model}/shadow": {"put": _admin("adminShadow", "Set or end shadow traffic", "AdminReport",
                                           ("400", "404", "409"), body="ShadowPolicy", optional_body=False)},
+        f"{model}/inference-log": {"put": _admin("adminInferenceLog", "Set the model's inference-log share and "
+                                                 "redactions", "AdminReport", ("400", "404", "409"),
+                                                 body="InferenceLogPolicy", optional_body=False)},
         f"{version}/activate": {"post": _admin("adminActivate", "Make a version the stable one", "AdminReport",
-                                               action, body="SwitchOptions", parameters=versioned)},
+                                               action, body="ActivateOptions", parameters=versioned)},
         f"{version}/load": {"post": _admin("adminLoad", "Load a version (it serves pinned requests only)",
                                            "AdminReport", action, body="LoadOptions", parameters=versioned)},
         f"{version}/unload": {"post": _admin("adminUnload", "Unload a version", "AdminReport", action,

@@ -235,6 +235,34 @@ class SwitchOptions(_Closed):
     compare: bool | SkipJsonSchema[None] = Field(None, description="Compare the new version's outputs first.")
 
 
+class ReplayCheck(_Closed):
+    """Replay logged production requests on the new version before the flip; refused when its answers differ."""
+
+    source: str = Field(description="The inference log the gateway reads: a directory or a redis:// stream URL.")
+    limit: Annotated[int, Field(ge=1, le=10_000)] | SkipJsonSchema[None] = Field(
+        None, description="The newest N records of the model (default 200)."
+    )
+    atol: Annotated[float, Field(ge=0)] | SkipJsonSchema[None] = Field(None, description="Absolute tolerance (1e-5).")
+    rtol: Annotated[float, Field(ge=0)] | SkipJsonSchema[None] = Field(None, description="Relative tolerance (1e-4).")
+
+
+class ActivateOptions(SwitchOptions):
+    verify_replay: ReplayCheck | SkipJsonSchema[None] = Field(
+        None, description="Check the version against logged production requests before the flip."
+    )
+
+
+class InferenceLogPolicy(_Closed):
+    """The model's own inference-log share and redactions; ``{}`` goes back to the gateway's settings."""
+
+    percent: Annotated[float, Field(ge=0, le=100)] | None = Field(
+        None, description="Percent of the model's requests logged (null: SWITCHYARD_INFERENCE_LOG_SAMPLE)."
+    )
+    redact: dict[str, Literal["drop", "hash"]] | SkipJsonSchema[None] = Field(
+        None, description="Inputs never logged as sent: dropped, or kept as a SHA-256 of their values."
+    )
+
+
 class UnloadOptions(_Closed):
     drain_timeout_s: Seconds | SkipJsonSchema[None] = None
 
@@ -278,10 +306,12 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     InferenceRequest,
     GenerateRequest,
     SwitchOptions,
+    ActivateOptions,
     UnloadOptions,
     LoadOptions,
     TrafficPolicy,
     ShadowPolicy,
+    InferenceLogPolicy,
 )
 RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
     InferenceResponse,

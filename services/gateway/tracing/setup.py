@@ -41,7 +41,7 @@ def tracing_from_environment(environ: Mapping[str, str], *, detail: str = "stage
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
     resource = Resource.create({} if environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: DEFAULT_SERVICE})
     provider = TracerProvider(resource=resource)  # the sampler from OTEL_TRACES_SAMPLER / _ARG
@@ -49,15 +49,22 @@ def tracing_from_environment(environ: Mapping[str, str], *, detail: str = "stage
         # A caller's sampled parent is always recorded: a client that asked for a trace gets one, whatever ratio
         # the gateway samples its own roots at.
         provider = TracerProvider(resource=resource, sampler=ParentBased(root=provider.sampler))
+    # The traces a recorded request links to (its shadow call) are recorded too: a provider that samples every span,
+    # exporting through the same processors.
+    recording = TracerProvider(resource=resource, sampler=ALWAYS_ON)
     exporters = [name.strip().lower() for name in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
     for name in exporters:
-        provider.add_span_processor(BatchSpanProcessor(_exporter(name, environ)))
+        processor = BatchSpanProcessor(_exporter(name, environ))
+        provider.add_span_processor(processor)
+        recording.add_span_processor(processor)
     tracer = provider.get_tracer("switchyard.gateway")
     log.info(
         "tracing on: exporter %s, sampler %s, service %s, detail %s",
         ", ".join(exporters), provider.sampler.get_description(), resource.attributes.get(SERVICE_NAME), detail,
     )
-    return Tracing(tracer, detail=detail, shutdown=provider.shutdown)
+    return Tracing(
+        tracer, detail=detail, shutdown=provider.shutdown, recording=recording.get_tracer("switchyard.gateway")
+    )
 
 
 def _exporter(name: str, environ: Mapping[str, str]):  # type: ignore[no-untyped-def]

@@ -45,10 +45,16 @@ _GETTER = _HeaderGetter()
 class Tracing:
     """The gateway's tracer (one per process, made by ``tracing.setup``) and how much of a request it records."""
 
-    def __init__(self, tracer: Tracer, *, detail: str = "stages", shutdown: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, tracer: Tracer, *, detail: str = "stages", shutdown: Callable[[], None] | None = None,
+        recording: Tracer | None = None,
+    ) -> None:
+        """``recording``: a tracer that records every span it starts (same exporters), for the traces that must be
+        recorded because another recorded one links to them; ``tracer`` when not given."""
         if detail not in DETAILS:
             raise ValueError(f"trace detail {detail!r} is not one of {', '.join(DETAILS)}")
         self.tracer = tracer
+        self._recording = recording or tracer
         self.full = detail == "stages"
         self._propagator = TraceContextTextMapPropagator()
         self._shutdown = shutdown
@@ -60,11 +66,13 @@ class Tracing:
         return RequestTrace(self, span)
 
     def linked(self, name: str, links: Sequence[RequestTrace], attributes: Mapping[str, Any]) -> RequestTrace:
-        """A trace of its own, linked to the traces of ``links`` (a shadow call: not part of the answer's time)."""
+        """A trace of its own, linked to the traces of ``links`` (a shadow call: not part of the answer's time),
+        recorded whenever a linked one is (the sampler would otherwise decide for it as for any new root)."""
         context = trace.set_span_in_context(trace.INVALID_SPAN)  # a new root, whatever is current
         span_links = [Link(link.span.get_span_context()) for link in links]
-        span = self.tracer.start_span(name, context=context, kind=SpanKind.INTERNAL, links=span_links,
-                                      attributes=attributes)
+        tracer = self._recording if any(link.sampled for link in links) else self.tracer
+        span = tracer.start_span(name, context=context, kind=SpanKind.INTERNAL, links=span_links,
+                                 attributes=attributes)
         return RequestTrace(self, span)
 
     def close(self) -> None:
