@@ -184,14 +184,14 @@ class DataPlane:
         except Exception as exc:
             error = self._failed(exc, request, version, protocol, watched, started)
             if observer is not None:
-                observer.failed(request, version, protocol, started, error)
+                observer.failed(request, version, protocol, started, error, header)
             if error is exc:
                 raise
             raise error from exc
         elapsed = time.perf_counter() - started
         self._succeeded(request, version, protocol, watched, elapsed, backend_seconds)
         if observer is not None:
-            observer.served(request, response, version, protocol, started, elapsed)
+            observer.served(request, response, version, protocol, started, elapsed, header)
         if request.version is None:
             record = self.router.record(model)
             if record is not None and record.shadow is not None and version == record.stable:

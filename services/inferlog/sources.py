@@ -81,19 +81,21 @@ def _directory_records(folder: Path) -> Iterator[dict[str, Any]]:
     if not folder.is_dir():
         what = "is not a directory" if folder.exists() else "does not exist"
         raise SourceError(f"inference log directory {folder} {what}; give the directory SWITCHYARD_INFERENCE_LOG names")
-    files = sorted(folder.glob(FILE_PATTERN))
+    # The log as it is now: its files and their sizes, read no further. A gateway may still be writing it, and a
+    # replay sent to that gateway would otherwise read the records of its own requests, without end.
+    files = [(path, path.stat().st_size) for path in sorted(folder.glob(FILE_PATTERN))]
     return _lines_of(files)
 
 
-def _lines_of(files: list[Path]) -> Iterator[dict[str, Any]]:
-    for position, path in enumerate(files):
-        being_written = position == len(files) - 1
+def _lines_of(files: list[tuple[Path, int]]) -> Iterator[dict[str, Any]]:
+    for path, size in files:
         with path.open("rb") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.endswith(b"\n") and being_written:
-                    return  # the writer is in the middle of this line: it is not a record yet
-                if line.strip():
-                    yield _parsed(line, f"{path}, line {number}")
+            text = handle.read(size)
+        for number, line in enumerate(text.splitlines(keepends=True), start=1):
+            if not line.endswith(b"\n"):
+                break  # the writer was in the middle of this line: it is not a record yet
+            if line.strip():
+                yield _parsed(line, f"{path}, line {number}")
 
 
 # -- a Redis stream -------------------------------------------------------------------------------------------
@@ -119,9 +121,16 @@ def _stream_pages(client: Any, stream: str, url: str) -> Iterator[dict[str, Any]
 
     start = "-"
     try:
+        try:  # the stream as it is now: entries added while it is read (a replay's own requests) are not
+            last = client.xrevrange(stream, count=1)
+        except redis.RedisError as exc:
+            raise SourceError(f"reading the Redis stream '{stream}' at {_no_password(url)} failed: {exc}") from None
+        if not last:
+            return
+        end = _text(last[0][0])
         while True:
             try:
-                page = client.xrange(stream, min=start, max="+", count=REDIS_PAGE)
+                page = client.xrange(stream, min=start, max=end, count=REDIS_PAGE)
             except redis.RedisError as exc:
                 raise SourceError(f"reading the Redis stream '{stream}' at {_no_password(url)} failed: {exc}") from None
             for entry_id, fields in page:

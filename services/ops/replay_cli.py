@@ -85,6 +85,9 @@ def replay(
     raise typer.Exit(EXIT_PASSED if report.passed else EXIT_DIFFERS)
 
 
+REPLAY_HEADER = "X-Switchyard-Replay"
+
+
 @dataclass(frozen=True)
 class Target:
     url: str
@@ -94,7 +97,10 @@ class Target:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"X-API-Key": self.api_key} if self.api_key else {}
+        """``X-Switchyard-Replay``: the gateway does not log a replayed request in its inference log (it is there
+        already, and a later replay would send it twice)."""
+        marker = {REPLAY_HEADER: "1"}
+        return {"X-API-Key": self.api_key, **marker} if self.api_key else marker
 
     @property
     def path(self) -> str:

@@ -260,6 +260,7 @@ def test_replay_of_the_log_passes_on_the_version_that_answered_and_refuses_the_o
     """The gateway's log of what version 2 answered (the stable requests above, as the writer wrote them): replayed
     on version 2 it matches, on version 1 it differs (exit 1); an activation of version 1 verified against it is
     refused, of version 2 accepted."""
+    gateway_log = log_folder
     recorded = tmp_path / "recorded-on-2"
     recorded.mkdir()
     lines = [line for path in sorted(log_folder.glob("inference-*.jsonl")) for line in path.read_text().splitlines()]
@@ -268,10 +269,15 @@ def test_replay_of_the_log_passes_on_the_version_that_answered_and_refuses_the_o
     (recorded / "inference-20261205T000000000000.jsonl").write_text("\n".join(kept) + "\n")
     log_folder = recorded
     url = f"http://{gateway.http_url}"
+    logged_before = len(_records(gateway_log))
     replay = ["replay", str(log_folder), "--url", url, "--model", "mlp", "--limit", "200"]
     same = CliRunner().invoke(switchyard, [*replay, "--version", "2", "--json"])
     assert same.exit_code == 0, same.output
     assert json.loads(same.output)["passed"] is True
+    # The replayed requests are not logged again (a marker request after them is: once it is there, they would be).
+    body = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": features().ravel().tolist()}]}
+    httpx.post(f"{url}/v2/models/mlp/infer", json=body).raise_for_status()
+    assert len(_wait_for_records(gateway_log, logged_before + 1)) == logged_before + 1
     other = CliRunner().invoke(switchyard, [*replay, "--version", "1"])
     assert other.exit_code == 1, other.output
 

@@ -51,6 +51,19 @@ def test_directory_yields_files_in_name_order_and_skips_the_newest_files_partial
     assert ids(read_records(f"file://{folder}")) == ["r1", "r2", "r3", "r4"]
 
 
+def test_the_log_is_read_as_it_was_when_reading_began(tmp_path: Path) -> None:
+    """A gateway may be writing the log while it is replayed (into that gateway): what is appended afterwards, the
+    replay's own requests among it, is not read, or the replay would never end."""
+    folder = write_log(tmp_path, {FIRST: [record(1)], SECOND: [record(2)]})
+    records = read_records(str(folder))
+    assert ids([next(records)]) == ["r1"]
+    with (folder / SECOND).open("a") as newest:
+        newest.write(json.dumps(record(3)) + "\n")
+    (folder / "inference-20261205T080000000000.jsonl").write_text(json.dumps(record(4)) + "\n")
+    assert ids(records) == ["r2"]
+    assert ids(read_records(str(folder))) == ["r1", "r2", "r3", "r4"]
+
+
 def test_model_filter_and_limits_take_the_first_or_the_newest_records_oldest_first(tmp_path: Path) -> None:
     logged = [record(1), record(2, "other"), record(3), record(4), record(5, "other"), record(6)]
     folder = str(write_log(tmp_path, {FIRST: logged[:3], SECOND: logged[3:]}))

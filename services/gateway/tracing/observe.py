@@ -22,6 +22,16 @@ class Gate(Protocol):
     async def enter(self, rank: int, deadline: float | None) -> None: ...
 
 
+Header = Callable[[str], str | None]
+"""Reads one of the request's headers (gRPC: metadata) by its lower-case name."""
+REPLAY_HEADER = "x-switchyard-replay"
+"""Set by ``switchyard replay`` on the requests it sends again: they are in the log already."""
+
+
+def _replayed(header: Header | None) -> bool:
+    return header is not None and header(REPLAY_HEADER) is not None
+
+
 StableOf = Callable[[str], int | None]
 """The stable version the routing names for a model (``None``: none), to tell a stable answer from a canary's."""
 
@@ -82,21 +92,22 @@ class Observer:
 
     def served(
         self, request: InferRequest, response: InferResponse, version: int, protocol: str, started: float,
-        elapsed: float,
+        elapsed: float, header: Header | None = None,
     ) -> None:
         route = self.route(request, version)
         trace = self._routed(request, version, route)
         log = self.log
-        if log is not None and log.wants(request.model):
+        if log is not None and log.wants(request.model) and not _replayed(header):
             log.offer(self._exchange(request, response, 200, None, version, route, protocol, started, elapsed, trace))
 
     def failed(
-        self, request: InferRequest, version: int | None, protocol: str, started: float, error: GatewayError
+        self, request: InferRequest, version: int | None, protocol: str, started: float, error: GatewayError,
+        header: Header | None = None,
     ) -> None:
         route = self.route(request, version)
         trace = self._routed(request, version, route)
         log = self.log
-        if log is not None and log.wants(request.model):
+        if log is not None and log.wants(request.model) and not _replayed(header):
             elapsed = time.perf_counter() - started
             exchange = self._exchange(
                 request, None, error.status, str(error), version, route, protocol, started, elapsed, trace
