@@ -26,11 +26,14 @@ COPY examples examples
 RUN python -m pip install --quiet /src
 
 FROM build AS build-gpu
-# README "Install": onnxruntime-gpu provides the same module as onnxruntime, so the CPU wheel goes first; the
-# cuda/cudnn extras bring the CUDA 12 and cuDNN 9 runtime libraries as wheels (no CUDA base image needed).
+# `make install-gpu`'s lines (docs/install.md, GPU nodes): onnxruntime-gpu provides the same module as onnxruntime, so
+# the CPU wheel goes first; the cuda/cudnn extras bring the CUDA 12 and cuDNN 9 runtime libraries as wheels (no CUDA
+# base image needed). The check fails the build when onnxruntime offers no CUDAExecutionProvider; that the builder
+# has no GPU it only reports.
 RUN python -m pip install --quiet '/src[gpu]' \
     && python -m pip uninstall --quiet -y onnxruntime onnxruntime-gpu \
-    && python -m pip install --quiet 'onnxruntime-gpu[cuda,cudnn]>=1.20'
+    && python -m pip install --quiet 'onnxruntime-gpu[cuda,cudnn]>=1.20' \
+    && python -m services.gateway.backends.nvml
 
 FROM ${PYTHON_IMAGE} AS build-export
 ENV PIP_NO_CACHE_DIR=1 \

@@ -6,8 +6,10 @@ BIN := $(VENV)/bin
 SY := $(BIN)/switchyard
 REPO ?= model_repository
 PACKAGES := exporter services examples loadtests
+empty :=
+space := $(empty) $(empty)
 
-.PHONY: install triton-install triton models zoo serve test test-fast lint typecheck pytest docs docs-serve bench loadtest console-screens clean-models
+.PHONY: install install-gpu triton-install triton models zoo serve test test-fast lint typecheck pytest docs docs-serve bench loadtest gpu-check gpu-wheels console-screens clean-models
 
 KSERVE := .kserve
 KSERVE_SPEC := kserve==0.21.0
@@ -32,6 +34,18 @@ $(VENV)/.installed: pyproject.toml | $(UV)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(UV_INSTALL) --python $(BIN)/python -e '.[export,dev]'
 	touch $@
+
+# A GPU node (docs/install.md, GPU nodes; the Dockerfile's build-gpu stage runs the same lines): the gpu extra, then
+# onnxruntime-gpu in place of the CPU wheel, since both install the module `onnxruntime` and an extra cannot remove a
+# dependency; the cuda/cudnn extras bring CUDA 12 and cuDNN 9 as wheels. The last line says whether onnxruntime
+# offers CUDAExecutionProvider (fails when not) and whether this machine has a GPU (NVML). Run it again after
+# `make install` re-runs (a pyproject.toml change), which puts the CPU wheel back.
+GPU_ONNXRUNTIME := onnxruntime-gpu[cuda,cudnn]>=1.20
+install-gpu: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[gpu]'
+	$(BIN)/python -m pip uninstall --quiet -y onnxruntime onnxruntime-gpu
+	$(BIN)/python -m pip install --quiet '$(GPU_ONNXRUNTIME)'
+	$(BIN)/python -m services.gateway.backends.nvml
 
 # KServe's own Python SDK, which tests/kserve_sdk.py drives against the gateway, in an environment of its own: its gRPC
 # stubs and tritonclient's define the same protobuf package (one interpreter cannot load both), and it would hold
@@ -93,6 +107,29 @@ bench: install
 	$(BIN)/python loadtests/bench_triton.py --repository $(REPO)
 	$(BIN)/python loadtests/bench_workers.py --repository $(REPO)
 	$(BIN)/python loadtests/bench_observability.py --repository $(REPO)
+
+# The GPU check (loadtests/gpu_check.py; docs/benchmarks.md, GPU check): the example classifier as TorchScript on CUDA
+# through the embedded backend, its answers against the CPU's, req/s at 1, 32 and 128 clients with 1 worker and one
+# per core against the in-process GPU figure; ~3-5 minutes, sized for a lent GPU machine. It runs from the checkout
+# as it is, without `make install` (such a machine has no network): the venv's python where there is one, else
+# python3. GPU_CHECK_ARGS passes options, e.g. '--device cpu --seconds 2 --workers 2' for the dry run on a CPU.
+GPU_CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(GPU_CHECK_PYTHON) loadtests/gpu_check.py $(GPU_CHECK_ARGS)
+
+# The gateway's own packages that a lent GPU machine lacks (it has PyTorch with CUDA, numpy, grpcio, protobuf, uvloop,
+# prometheus-client, httpx, typer, rich; Python 3.12; no network), as wheels in .whl/ (git ignores it), at the versions
+# this venv runs: carried with the checkout and installed there before `make gpu-check` (docs/benchmarks.md).
+GPU_WHEELS := annotated-types fastapi fastapi-offline grpcio-health-checking httptools opentelemetry-api orjson \
+	pydantic pydantic-core pydantic-settings python-dotenv redis starlette tritonclient typing-inspection uvicorn
+GPU_WHEEL_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64,--platform $(p))
+gpu-wheels: $(VENV)/.installed
+	rm -rf .whl && mkdir .whl
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(GPU_WHEEL_PLATFORMS) -d .whl \
+		$$($(BIN)/python -m pip freeze | tr '_' '-' | grep -i -E '^($(subst $(space),|,$(GPU_WHEELS)))==' | tr '\n' ' ')
+	@ls .whl | wc -l | xargs -I{} echo "gpu-wheels: {} wheels in .whl/ ($$(du -sh .whl | cut -f1))"
 
 # Headless locust (loadtests/locustfile.py) against a running gateway: HTTP JSON + binary, gRPC and the ops user
 # switching versions (needs SWITCHYARD_ADMIN_TOKEN in the environment). gRPC goes to GRPC_TARGET (HOST:PORT); left

@@ -15,6 +15,7 @@ from exporter.errors import ExportError, RepositoryError
 from exporter.model_config import artifact_name, build_config, read_config, signature, signature_differences
 from exporter.module_io import ExampleInputs, prepare
 from exporter.parity import ParityReport, check_parity, default_tolerance, parity_batch_sizes
+from exporter.parity_device import eager_on
 from exporter.records import write_manifest, write_samples
 from exporter.repository import ModelRepository
 from exporter.specs import DEFAULT_INSTANCES, ExportOptions, Format, Kind, TensorSpec, VersionPolicy
@@ -133,12 +134,14 @@ def _export(
                 artifact = write_artifact(prepared, artifact_path, options, dynamic_axes, report)
                 report("parity")
                 tolerance = default_tolerance(prepared)
-                parity = check_parity(
-                    prepared, artifact.runner, parity_batch_sizes(options.max_batch_size),
-                    atol=options.atol if options.atol is not None else tolerance,
-                    rtol=options.rtol if options.rtol is not None else tolerance,
-                    traced=artifact.traced, dynamic_dims=input_dynamic_dims(prepared, dynamic_axes),
-                )
+                with eager_on(prepared.flat, artifact.device.eager):
+                    parity = check_parity(
+                        prepared, artifact.runner, parity_batch_sizes(options.max_batch_size),
+                        atol=options.atol if options.atol is not None else tolerance,
+                        rtol=options.rtol if options.rtol is not None else tolerance,
+                        traced=artifact.traced, dynamic_dims=input_dynamic_dims(prepared, dynamic_axes),
+                        device=artifact.device,
+                    )
         except ExportError as exc:
             exc.log_path = repo.keep_log(log, options.name)
             raise

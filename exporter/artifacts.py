@@ -1,5 +1,6 @@
 """Write the model file in the chosen format, then open it in its serving engine (onnxruntime or
-``torch.jit.load``) as the runner the parity check compares against eager PyTorch."""
+``torch.jit.load``) as the runner the parity check compares against eager PyTorch, on the device the export is for
+when this process has it (``exporter.parity_device``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from exporter.errors import ParityError
 from exporter.module_io import PreparedModel
 from exporter.parity import Runner, onnx_runner, torchscript_runner
+from exporter.parity_device import ON_CPU, ParityDevice, choose_parity_device
 from exporter.specs import ExportOptions
 from exporter.torch2onnx import SCRIPTED_ONNX, DynamicAxes, export_onnx
 from exporter.torch2torchscript import TRACE, export_torchscript
@@ -31,6 +33,8 @@ class Artifact:
     notes: tuple[str, ...]
     traced: str
     """How a trace made the file, when one did (a frozen decision is then what parity suspects first)."""
+    device: ParityDevice = ON_CPU
+    """Where ``runner`` runs, and where eager PyTorch must run beside it."""
 
 
 def write_artifact(
@@ -39,7 +43,7 @@ def write_artifact(
     """Export to ``path``; reports the ``check`` stage once the file is written and is being loaded."""
     if options.format == "onnx":
         return _onnx(prepared, path, options, dynamic_axes, report)
-    return _torchscript(prepared, path, dynamic_axes, report)
+    return _torchscript(prepared, path, options, dynamic_axes, report)
 
 
 def _onnx(
@@ -56,12 +60,13 @@ def _onnx(
                      "TorchScript-based ONNX exporter")
         traced = "the TorchScript-based ONNX exporter traced the model (dynamo failed)"
     report("check")
-    runner = _guarded("onnxruntime", lambda: onnx_runner(path, prepared.input_names), prepared)
-    return Artifact(written.exporter, str(written.opset), runner, tuple(notes), traced)
+    device = choose_parity_device(options.kind, options.format)
+    runner, device = _guarded("onnxruntime", lambda: onnx_runner(path, prepared.input_names, device), prepared)
+    return Artifact(written.exporter, str(written.opset), runner, tuple(notes), traced, device)
 
 
 def _torchscript(
-    prepared: PreparedModel, path: Path, dynamic_axes: DynamicAxes | None, report: Progress
+    prepared: PreparedModel, path: Path, options: ExportOptions, dynamic_axes: DynamicAxes | None, report: Progress
 ) -> Artifact:
     notes = []
     if dynamic_axes:
@@ -71,11 +76,14 @@ def _torchscript(
         notes.append(f"torch.jit.script failed ({written.script_error}); traced instead")
     traced = f"the model was traced (scripting failed: {written.script_error})" if written.exporter == TRACE else ""
     report("check")
-    runner = _guarded("torch.jit.load", lambda: torchscript_runner(path), prepared)
-    return Artifact(written.exporter, "", runner, tuple(notes), traced)
+    device = choose_parity_device(options.kind, options.format)
+    runner, device = _guarded("torch.jit.load", lambda: torchscript_runner(path, device), prepared)
+    return Artifact(written.exporter, "", runner, tuple(notes), traced, device)
 
 
-def _guarded(engine: str, make_runner: Callable[[], Runner], prepared: PreparedModel) -> Runner:
+def _guarded(
+    engine: str, make_runner: Callable[[], tuple[Runner, ParityDevice]], prepared: PreparedModel
+) -> tuple[Runner, ParityDevice]:
     """Loading or running the artifact in its serving engine is part of the check: explain failures."""
 
     def explain(exc: Exception, dtypes: set[str]) -> ParityError:
@@ -88,7 +96,7 @@ def _guarded(engine: str, make_runner: Callable[[], Runner], prepared: PreparedM
         )
 
     try:
-        runner = make_runner()
+        runner, device = make_runner()
     except Exception as exc:
         raise explain(exc, {str(p.dtype).removeprefix("torch.") for p in prepared.flat.parameters()}) from exc
 
@@ -98,4 +106,4 @@ def _guarded(engine: str, make_runner: Callable[[], Runner], prepared: PreparedM
         except Exception as exc:
             raise explain(exc, {str(t.dtype).removeprefix("torch.") for t in inputs}) from exc
 
-    return run
+    return run, device

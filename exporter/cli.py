@@ -147,5 +147,6 @@ def summary_table(result: ExportResult) -> Table:
     for (spec, (abs_err, rel_err, tol)) in zip(result.outputs, worst.values(), strict=True):
         table.add_row(f"out {spec.name}", spec.datatype, str(list(spec.dims)), f"{abs_err:.2e}", f"{rel_err:.2e}", tol)
     parity = f"parity at batch sizes {list(result.parity.batch_sizes)}"
-    table.caption = "; ".join([f"{result.format} via {result.exporter}", parity, *result.notes])
+    where = [result.parity.device_note] if result.parity.device_note else []  # a CPU export's caption is unchanged
+    table.caption = "; ".join([f"{result.format} via {result.exporter}", parity, *where, *result.notes])
     return table

@@ -15,6 +15,7 @@ import torch
 
 from exporter.errors import DynamicBatchError, ParityError
 from exporter.module_io import PreparedModel
+from exporter.parity_device import ON_CPU, ParityDevice, onnx_providers, onnx_started
 from exporter.parity_draws import DRAWS, Stats, draw_inputs, like_example
 
 Runner = Callable[[tuple[torch.Tensor, ...]], list[npt.NDArray[Any]]]
@@ -50,6 +51,10 @@ class ParityReport:
     """Per batch size, the shape of each input fed: dynamic axes other than the batch axis differ between them."""
     draws: tuple[str, ...] = ()
     """The draws made at every batch size, in order."""
+    device: str = "cpu"
+    """Where the artifact ran (``cpu``, ``cuda:0``)."""
+    device_note: str = ""
+    """``ParityDevice.note``: for a GPU export, that it was checked on the GPU, or why on the CPU."""
 
     @property
     def passed(self) -> bool:
@@ -72,6 +77,8 @@ class ParityReport:
             "max_rel_error": self.max_rel_error,
             "checks": [asdict(c) for c in self.checks],
             "input_shapes": [[list(shape) for shape in step] for step in self.input_shapes],
+            "device": self.device,
+            "device_note": self.device_note,
         }
 
     def failures_text(self) -> str:
@@ -112,9 +119,12 @@ def check_parity(
     seed: int = 1234,
     traced: str = "",
     dynamic_dims: Mapping[str, Sequence[int]] | None = None,
+    device: ParityDevice = ON_CPU,
 ) -> ParityReport:
     """``dynamic_dims`` (input name -> non-batch axes) are resized too, differently at each batch size. ``traced``
-    says how a trace made the artifact, when one did: a frozen decision is then the first suspect."""
+    says how a trace made the artifact, when one did: a frozen decision is then the first suspect. ``device``: where
+    the runner runs; the inputs are drawn on the CPU (the same draws everywhere) and handed to eager PyTorch and the
+    runner on ``device.eager``, where the caller has put ``prepared.flat`` (``parity_device.eager_on``)."""
     generator = torch.Generator().manual_seed(seed)
     stats = [Stats.of(t) for t in prepared.examples]
     dims = dynamic_dims or {}
@@ -126,7 +136,7 @@ def check_parity(
                             for name, t in zip(prepared.input_names, prepared.examples, strict=True))
         shapes.append(step_shapes)
         for draw in DRAWS:
-            inputs = draw_inputs(draw, stats, step_shapes, generator)
+            inputs = tuple(t.to(device.eager) for t in draw_inputs(draw, stats, step_shapes, generator))
             expected = _eager(prepared, inputs, batch)
             got = run_exported(inputs)
             new = [_compare(name, batch, ref, out, atol, rtol, draw.name)
@@ -134,7 +144,8 @@ def check_parity(
             checks.extend(new)
             if first_failure is None and not all(c.passed for c in new):
                 first_failure = (inputs, expected)
-    report = ParityReport(tuple(batch_sizes), tuple(checks), tuple(shapes), tuple(d.name for d in DRAWS))
+    report = ParityReport(tuple(batch_sizes), tuple(checks), tuple(shapes), tuple(d.name for d in DRAWS),
+                          device.runtime, device.note)
     if first_failure is not None:
         raise ParityError(_failure_message(report, prepared, first_failure, traced))
     return report
@@ -229,7 +240,8 @@ def _compare(
     return OutputParity(name, batch, max_abs, max_rel, atol, rtol, passed, draw, scaled)
 
 
-def onnx_runner(path: Path, input_names: Sequence[str]) -> Runner:
+def onnx_runner(path: Path, input_names: Sequence[str], device: ParityDevice = ON_CPU) -> tuple[Runner, ParityDevice]:
+    """The artifact in onnxruntime on ``device``, and where it really runs (the CPU when CUDA would not start)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -237,22 +249,23 @@ def onnx_runner(path: Path, input_names: Sequence[str]) -> Runner:
     # The gate alternates eager PyTorch and onnxruntime runs: threads left spinning after a run would take the cores
     # from the other engine's next one (eager PyTorch ran at half speed beside them).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), sess_options=options, providers=onnx_providers(device))
 
     def run(inputs: tuple[torch.Tensor, ...]) -> list[npt.NDArray[Any]]:
         feed = {n: t.detach().cpu().numpy() for n, t in zip(input_names, inputs, strict=True)}
         return list(session.run(None, feed))
 
-    return run
+    return run, onnx_started(device, list(session.get_providers()))
 
 
-def torchscript_runner(path: Path) -> Runner:
-    module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
+def torchscript_runner(path: Path, device: ParityDevice = ON_CPU) -> tuple[Runner, ParityDevice]:
+    """The artifact loaded onto ``device.runtime`` (inputs arrive there from ``check_parity``)."""
+    module = torch.jit.load(str(path), map_location=device.runtime)  # type: ignore[no-untyped-call]
 
     def run(inputs: tuple[torch.Tensor, ...]) -> list[npt.NDArray[Any]]:
         with torch.no_grad():
-            out = module(*inputs)
+            out = module(*(t.to(device.runtime) for t in inputs))
         tensors = [out] if isinstance(out, torch.Tensor) else list(out)
         return [t.detach().cpu().numpy() for t in tensors]
 
-    return run
+    return run, device

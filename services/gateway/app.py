@@ -20,6 +20,7 @@ from services.gateway.admin.console import Console, add_console_routes
 from services.gateway.admin.live import LiveFigures
 from services.gateway.backends.base import Backend
 from services.gateway.backends.embedded_settings import embedded_backend
+from services.gateway.backends.nvml import register_gpu_metrics
 from services.gateway.backends.triton import ConfigTransform, TritonBackend, identity
 from services.gateway.dataplane import SERVER_VERSION, DataPlane
 from services.gateway.grpc_api import start_server
@@ -176,6 +177,8 @@ def create_app(
     the bound gRPC port once started. ``backend`` replaces the one ``settings`` name (tests). ``node``: this
     process is one of the node's workers (``serve --workers N``)."""
     metrics = GatewayMetrics(registry if registry is not None else CollectorRegistry())
+    if node is None or node.acting:  # one worker reports the node's GPUs: the node's /metrics adds workers' up
+        register_gpu_metrics(metrics.registry)
     catalog = Catalog(settings.repository)
     if backend is None:
         backend = build_backend(settings, catalog, metrics, config_transform)

@@ -26,6 +26,7 @@ from services.gateway.backends.devices import (
     plan_instances,
 )
 from services.gateway.backends.embedded import EmbeddedBackend
+from services.gateway.backends.runners import OnnxRunner
 from services.gateway.errors import ModelNotReady
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.repository import Catalog
@@ -148,6 +149,21 @@ def test_each_device_gets_its_providers_cuda_with_its_device_id_and_tensorrt_whe
     asks.optimization.execution_accelerators.gpu_execution_accelerator.add(name="tensorrt")
     with pytest.raises(NoUsableGpu, match="the installed onnxruntime has no TensorrtExecutionProvider"):
         plan_instances(asks, layout.ONNX_PLATFORM, fallback="none", offered=Gpus(True, 1))
+
+
+def test_a_gpu_session_that_onnxruntime_starts_on_the_cpu_is_refused_not_served(tmp_path: Path) -> None:
+    """onnxruntime asked for a GPU provider it cannot start runs the session on the CPU with a log line only (what
+    the CPU onnxruntime here does with CUDA, as onnxruntime-gpu does without a driver or cuDNN): refused instead."""
+    catalog = relu_repository(tmp_path, "")
+    path = catalog.entries["relu"].model_path(1)
+    assert path is not None
+    refused = pytest.raises(NoUsableGpu, match=f"onnxruntime could not start {CUDA} for model.onnx .*came up on "
+                                               "CPUExecutionProvider.*SWITCHYARD_GPU_FALLBACK=cpu")
+    with refused, pytest.warns(UserWarning, match=f"Specified provider '{CUDA}' is not in available provider names"):
+        OnnxRunner(path, ["y"], intra_op_threads=1, spinning=False,
+                   providers=onnx_providers(Device("cuda", 0), tensorrt=False))
+    on_cpu = OnnxRunner(path, ["y"], intra_op_threads=1, spinning=False, providers=onnx_providers(CPU, tensorrt=False))
+    assert on_cpu.run({"x": np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)})["y"].tolist() == [[0.0, 2.0, 0.0, 4.0]]
 
 
 @pytest.mark.slow  # imports torch

@@ -18,7 +18,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 from services.extras import MissingExtra
 from services.gateway import repository
 from services.gateway.backends.base import describe_problem
-from services.gateway.backends.devices import InstancePlan, NoUsableGpu, gpus, plan_instances
+from services.gateway.backends.devices import CPU, InstancePlan, NoUsableGpu, gpus, plan_instances
 from services.gateway.backends.placement import Placement
 from services.gateway.backends.runners import (
     Runner,
@@ -159,9 +159,18 @@ class EmbeddedBackend:
         versions[version] = slot
         pool = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"{model}-v{version}")
         try:
-            runner = await asyncio.get_running_loop().run_in_executor(
-                pool, self._build_runner, entry, version, threads, plan
-            )
+            try:
+                runner = await asyncio.get_running_loop().run_in_executor(
+                    pool, self._build_runner, entry, version, threads, plan
+                )
+            except NoUsableGpu:
+                if self._gpu_fallback != "cpu":
+                    raise
+                # The GPU was offered but would not start for this model: the fallback the operator allowed.
+                plan = InstancePlan(tuple(CPU for _ in plan.devices), True, plan.tensorrt)
+                runner = await asyncio.get_running_loop().run_in_executor(
+                    pool, self._build_runner, entry, version, threads, plan
+                )
         except Exception as exc:
             pool.shutdown(wait=False)
             slot.state = VersionState.UNAVAILABLE

@@ -19,7 +19,7 @@ from tritonclient.grpc import model_config_pb2
 
 from services.extras import require
 from services.gateway.backends.data_dependence import onnx_data_dependent_ops, torchscript_data_dependent_kinds
-from services.gateway.backends.devices import CPU, CPU_PROVIDER, Device, onnx_providers
+from services.gateway.backends.devices import CPU, CPU_PROVIDER, FALLBACK_SETTING, Device, NoUsableGpu, onnx_providers
 from services.gateway.errors import InvalidInput
 from services.gateway.tensors.bytes_codec import BYTES, decoded, encoded, is_bytes
 from services.gateway.tensors.types import Array, InferInput
@@ -104,6 +104,11 @@ class DeviceRotation:
         return self._runners[next(self._turn) % len(self._runners)].run(inputs)
 
 
+def _provider_name(provider: Any) -> str:
+    """A provider as ``InferenceSession`` takes it: its name, or ``(name, options)``."""
+    return str(provider[0] if isinstance(provider, tuple) else provider)
+
+
 class OnnxRunner:
     def __init__(
         self,
@@ -122,6 +127,16 @@ class OnnxRunner:
         # Spinning intra-op threads burn the cores the event loop needs between batches.
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         self._session: Any = ort.InferenceSession(str(path), options, providers=providers or [CPU_PROVIDER])
+        wanted = _provider_name((providers or [CPU_PROVIDER])[0])
+        started = self._session.get_providers()
+        if wanted != CPU_PROVIDER and wanted not in started:
+            # onnxruntime runs the session on the CPU, with a log line only, when a GPU provider it offers cannot
+            # start (no driver, a CUDA or cuDNN library missing): a KIND_GPU model must not serve there unnoticed.
+            raise NoUsableGpu(
+                f"onnxruntime could not start {wanted} for {path.name} (the session came up on "
+                f"{', '.join(started)}; onnxruntime's log above says which driver or library it missed); set "
+                f"{FALLBACK_SETTING}=cpu to run it on the CPU instead"
+            )
         self._outputs = output_names
         self.data_dependent = frozenset(onnx_data_dependent_ops(path))
 
@@ -137,6 +152,11 @@ class TorchScriptRunner:
         self._torch: Any = require("torch", extra="export", feature="serving a TorchScript model")
         self._torch.set_num_threads(threads)
         self._device = device
+        if device.startswith("cuda"):
+            # fp32 as exported: TF32 would round convolutions and matrix products to a 10-bit mantissa (~1e-3), past
+            # the exporter's parity tolerance (1e-4), and answer otherwise than the version that passed it.
+            self._torch.backends.cudnn.allow_tf32 = False
+            self._torch.backends.cuda.matmul.allow_tf32 = False
         self._module = self._torch.jit.load(str(path), map_location=device).eval()
         self.data_dependent = frozenset(torchscript_data_dependent_kinds(self._module))
         self._inputs = input_names

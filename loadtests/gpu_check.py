@@ -1,0 +1,579 @@
+"""`make gpu-check` (issue #34): the example classifier served as TorchScript on CUDA through the embedded backend,
+sized for a lent GPU machine (16 cores, no network, 15 minutes all told; the whole run takes ~3-5 minutes).
+
+1. The environment: torch and its CUDA device, onnxruntime's providers, the cores. ``--device cuda`` without CUDA in
+   torch stops here with exit status 2 (so does a missing package the gateway needs, named).
+2. A repository in a temporary folder: the classifier traced to TorchScript (max batch 128, dynamic batching) with
+   a ``KIND_GPU`` instance group on GPU 0 (``--device cpu``: ``KIND_CPU``, the dry run a CPU machine can do).
+3. The ceiling: the TorchScript module called in this process on the device at batch 1, 32 and 128, numpy in and
+   numpy out (images/s).
+4. ``switchyard serve`` with 1 worker and with ``--workers`` workers: first parity (the gateway's answers against
+   eager PyTorch on the CPU, within the exporter's fp32 tolerance), then requests/s of batch-1 requests in the
+   KServe v2 binary protocol at each client count, from client processes of a raw HTTP/1.1 closed loop (the
+   cheapest client: the figure should be the gateway's, not the clients').
+
+Output: a table on stdout and ``gpu_check.json`` with every figure in ``--out`` (default ``$OUT``, where the device
+tool fetches from, else a temporary folder). Exit status: 0 passed, 1 parity or a run failed, 2 the machine lacks
+what the check needs.
+
+Usage: ``python loadtests/gpu_check.py [--device cuda|cpu] [--seconds S] [--workers N] [--out DIR]``; the CPU dry
+run: ``python loadtests/gpu_check.py --device cpu --seconds 2 --workers 2 --clients 1,4``.
+
+Imports of the sibling modules, torch and the gateway are made where they are used: the environment report must
+come first, also on a machine that lacks one of them, and the client processes (spawned) need none of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+MODEL = "classifier"
+MAX_BATCH = 128
+CEILING_BATCHES = (1, 32, 128)
+PARITY_BATCHES = (1, 3, 32, 128)
+"""Batch sizes of the parity requests: one row, an odd size, and the batcher's usual and largest batches."""
+DEFAULT_CLIENTS = "1,32,128"
+QUEUE_DELAY_US = 2000
+"""The exporter's default; the embedded batcher spends it only while recent batches were bigger (a lone client's
+request goes at once)."""
+READY_TIMEOUT_S = 240.0
+"""Sixteen workers each import torch and open a CUDA context before the node is ready."""
+REFUSED_FOR_S = 10.0
+"""How long the model may stay unready on a listening gateway before the check takes it for refused."""
+WARMUP_S = 1.0
+WARMUP_CALLS = 3
+EXIT_FAILED = 1
+EXIT_UNFIT = 2
+
+Floats = npt.NDArray[np.float32]
+
+
+class Unfit(Exception):
+    """This machine lacks what the check needs (the message says what and what to do)."""
+
+
+@dataclass(frozen=True)
+class Environment:
+    python: str
+    torch: str
+    cuda_available: bool
+    cuda_devices: int
+    device_name: str
+    cudnn_tf32: bool
+    """Whether torch lets cuDNN round convolutions to TF32 (its default): a cause when parity fails on a GPU."""
+    onnxruntime: str
+    onnxruntime_providers: list[str]
+    cores: int
+
+
+@dataclass(frozen=True)
+class Parity:
+    workers: int
+    batch_sizes: list[int]
+    max_abs_error: float
+    max_rel_error: float
+    atol: float
+    rtol: float
+    passed: bool
+
+
+@dataclass(frozen=True)
+class Throughput:
+    workers: int
+    clients: int
+    client_processes: int
+    requests: int
+    requests_per_s: float
+
+
+@dataclass
+class Report:
+    device: str
+    environment: Environment
+    instances: int
+    seconds: float
+    ceiling_images_per_s: dict[int, float] = field(default_factory=dict)
+    parity: list[Parity] = field(default_factory=list)
+    throughput: list[Throughput] = field(default_factory=list)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures and bool(self.parity) and all(p.passed for p in self.parity)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="where the model runs (cpu: the dry run a machine without a GPU can do)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per throughput run")
+    parser.add_argument("--workers", type=int, default=usable_cores(),
+                        help="the second gateway's worker processes (default: the cores)")
+    parser.add_argument("--out", type=Path, default=None, help="folder for gpu_check.json (default: $OUT, else a "
+                                                                "temporary folder)")
+    parser.add_argument("--clients", type=client_counts, default=client_counts(DEFAULT_CLIENTS),
+                        help=f"concurrent clients of each run, comma-separated (default {DEFAULT_CLIENTS})")
+    parser.add_argument("--client-processes", type=int, default=max(1, usable_cores() // 4),
+                        help="processes the clients are spread over (default: a quarter of the cores)")
+    parser.add_argument("--instances", type=int, default=None,
+                        help="model instances per gateway worker (default: 2 on cuda, overlapping copies and "
+                             "compute; 1 on cpu)")
+    args = parser.parse_args(argv)
+    if args.instances is None:
+        args.instances = 2 if args.device == "cuda" else 1
+    if args.workers < 1 or args.client_processes < 1 or args.instances < 1 or args.seconds <= 0:
+        parser.error(f"--workers, --client-processes and --instances must be at least 1 and --seconds above 0; got "
+                     f"{args.workers}, {args.client_processes}, {args.instances} and {args.seconds}")
+    return args
+
+
+def client_counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected client counts like {DEFAULT_CLIENTS} (positive integers, "
+                                         f"comma-separated), got {text!r}")
+    return counts
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+# --- 1. the environment ------------------------------------------------------------------------------------------
+
+
+def environment() -> Environment:
+    """What this machine offers the check. torch and onnxruntime are required: the gateway imports both."""
+    torch = _required("torch", "PyTorch runs the TorchScript model and the CPU reference")
+    ort = _required("onnxruntime", "the gateway's embedded backend imports it")
+    available = bool(torch.cuda.is_available())
+    return Environment(
+        python=sys.version.split()[0], torch=str(torch.__version__), cuda_available=available,
+        cuda_devices=int(torch.cuda.device_count()) if available else 0,
+        device_name=str(torch.cuda.get_device_name(0)) if available else "",
+        cudnn_tf32=bool(torch.backends.cudnn.allow_tf32), onnxruntime=str(ort.__version__),
+        onnxruntime_providers=list(ort.get_available_providers()), cores=usable_cores(),
+    )
+
+
+def print_environment(env: Environment) -> None:
+    cuda = f"CUDA yes, {env.cuda_devices} device(s), 0: {env.device_name}" if env.cuda_available else "CUDA no"
+    print(f"python {env.python}; torch {env.torch} ({cuda}; cuDNN TF32 {'on' if env.cudnn_tf32 else 'off'}); "
+          f"onnxruntime {env.onnxruntime} ({', '.join(env.onnxruntime_providers)}); {env.cores} cores", flush=True)
+
+
+def check_fit(env: Environment, device: str) -> None:
+    """Raise ``Unfit`` when ``device`` cannot run here, or the gateway cannot start, naming what is missing."""
+    if device == "cuda" and not env.cuda_available:
+        raise Unfit(
+            f"--device cuda needs CUDA in torch, and torch {env.torch} sees no CUDA device "
+            "(torch.cuda.is_available() is False). The check serves the model as TorchScript because onnxruntime on "
+            "the lent GPU machines has no CUDAExecutionProvider (it offers "
+            f"{', '.join(env.onnxruntime_providers)} here). Run it on a machine with a GPU and a CUDA build of "
+            "torch, or pass --device cpu for the dry run."
+        )
+    try:
+        import services.gateway.app  # noqa: F401  # everything `switchyard serve` needs to start
+    except ImportError as exc:
+        raise Unfit(
+            f"the gateway cannot start: the Python package {exc.name or exc} is not installed. On a machine with no "
+            "network, carry it as a wheel with the checkout (docs/benchmarks.md, GPU check)"
+        ) from exc
+
+
+def _required(module: str, why: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise Unfit(f"the check needs {module} ({why}), and it is not installed: {exc}") from exc
+
+
+# --- 2. the repository -------------------------------------------------------------------------------------------
+
+
+def build_repository(root: Path, device: str, instances: int) -> Path:
+    """The classifier traced to TorchScript in ``root``, its config written through ``services.modelrepo``: on cuda a
+    ``KIND_GPU`` group on GPU 0, ``instances`` of it; on cpu ``KIND_CPU``. Returns the artifact.
+
+    Not through ``exporter.export``: its gate's checks take ~15 s on a 2-core machine, which the dry run's test
+    cannot spend, and the parity step below compares the served answers with eager PyTorch anyway."""
+    import torch
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from examples import models
+    from services.modelrepo import layout
+    from services.modelrepo.config import to_text
+
+    version = root / MODEL / "1"
+    version.mkdir(parents=True)
+    with torch.inference_mode(False), torch.no_grad():
+        traced = torch.jit.trace(models.build_classifier().eval(), models.classifier_inputs(2))  # type: ignore[no-untyped-call]
+    artifact = version / "model.pt"
+    traced.save(str(artifact))
+    config = mc.ModelConfig(name=MODEL, platform=layout.TORCHSCRIPT_PLATFORM, max_batch_size=MAX_BATCH)
+    config.input.add(name=models.CLASSIFIER_INPUT, data_type=mc.TYPE_FP32, dims=list(models.CLASSIFIER_SHAPE))
+    config.output.add(name=models.CLASSIFIER_OUTPUT, data_type=mc.TYPE_FP32, dims=[models.CLASSIFIER_CLASSES])
+    config.dynamic_batching.max_queue_delay_microseconds = QUEUE_DELAY_US
+    if device == "cuda":
+        config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_GPU, count=instances, gpus=[0])
+    else:
+        config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=instances)
+    (root / MODEL / layout.CONFIG_FILE).write_text(to_text(config))
+    return artifact
+
+
+# --- 3. the in-process ceiling -----------------------------------------------------------------------------------
+
+
+def ceiling(artifact: Path, device: str, batch: int, seconds: float) -> float:
+    """Images/s of the TorchScript module on ``device`` at ``batch``, numpy in and numpy out, as the gateway's runner
+    moves them (one pinned copy in, one copy out)."""
+    import torch
+
+    module = torch.jit.load(str(artifact), map_location=device).eval()  # type: ignore[no-untyped-call]
+    rows = np.random.default_rng(batch).standard_normal((batch, 3, 64, 64)).astype(np.float32)
+
+    def once() -> None:
+        tensor = torch.from_numpy(rows)
+        if device != "cpu":
+            tensor = tensor.pin_memory().to(device, non_blocking=True)
+        with torch.inference_mode():
+            answer = module(tensor)
+        (answer if isinstance(answer, torch.Tensor) else answer[0]).cpu().numpy()
+
+    started = time.perf_counter()
+    for _ in range(WARMUP_CALLS):  # TorchScript's profiling executor optimizes the graph over its first calls
+        once()
+    while time.perf_counter() - started < min(WARMUP_S, seconds / 2):
+        once()
+    calls = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        once()
+        calls += 1
+    return calls * batch / (time.perf_counter() - started)
+
+
+# --- 4. the gateway ----------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def gateways(repository: Path, worker_counts: Sequence[int], logs: Path) -> Iterator[dict[int, int]]:
+    """``switchyard serve`` once per worker count, all started at once (a GPU node's workers each take seconds to
+    import torch and open a CUDA context: started together, the lent machine's minutes go to measuring), each in a
+    process session of its own; yields worker count -> HTTP port once every one of them serves the classifier.
+    Stopped, whole sessions, on exit."""
+    from processes import free_ports
+
+    started: dict[int, tuple[subprocess.Popen[bytes], int, Path]] = {}
+    try:
+        for workers in worker_counts:
+            port = free_ports(1)[0]
+            started[workers] = (start_gateway(repository, workers, port, logs), port, logs / f"gateway-{workers}w.log")
+        for workers, (proc, port, log) in started.items():
+            wait_ready(proc, port, workers, log)
+        yield {workers: port for workers, (_, port, _) in started.items()}
+    finally:
+        for proc, _, _ in started.values():
+            stop_gateway(proc)
+
+
+def start_gateway(repository: Path, workers: int, http_port: int, logs: Path) -> subprocess.Popen[bytes]:
+    from processes import free_ports
+
+    command = [sys.executable, "-c", "from services.cli import main; main()", "serve", "--repository",
+               str(repository), "--port", str(http_port), "--grpc-port", str(free_ports(1)[0]), "--workers",
+               str(workers)]
+    env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_WORKERS"}
+    env["SWITCHYARD_STATE_PATH"] = str(logs / f"state-{workers}w" / "routing.json")
+    with (logs / f"gateway-{workers}w.log").open("w") as out:
+        return subprocess.Popen(command, cwd=Path(__file__).resolve().parent.parent, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_gateway(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def wait_ready(proc: subprocess.Popen[bytes], port: int, workers: int, log: Path) -> None:
+    """Until the classifier is ready on every worker. Its ready route alone is not enough: the first worker listens
+    before the others have started, so the node's per-worker metrics must name all of them. A worker listens only
+    once its models are loaded, so a model that stays unready while it listens was refused: the check stops then
+    with the reason (a ``KIND_GPU`` model on a process without a usable GPU, say) rather than at the deadline."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    refused_since: float | None = None
+    while True:
+        ready, refusal = readiness(port, workers)
+        if ready:
+            return
+        now = time.monotonic()
+        refused_since = None if refusal is None else refused_since or now
+        if proc.poll() is not None:
+            raise RuntimeError(f"the {workers}-worker gateway exited with status {proc.returncode} before {MODEL} was "
+                               f"ready; its log: {log}\n{_tail(log)}")
+        if refused_since is not None and now - refused_since > REFUSED_FOR_S:
+            raise RuntimeError(f"the {workers}-worker gateway listens but {MODEL} is not ready: {refusal}")
+        if now > deadline:
+            raise RuntimeError(f"the {workers}-worker gateway did not serve {MODEL} on all its workers within "
+                               f"{READY_TIMEOUT_S:.0f} s; its log: {log}\n{_tail(log)}")
+        time.sleep(0.25)
+
+
+def readiness(port: int, workers: int) -> tuple[bool, str | None]:
+    """Whether the classifier is ready on all ``workers``, and the reason the gateway gives when it is not."""
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with urllib.request.urlopen(f"{base}/v2/models/{MODEL}/ready", timeout=2):
+            pass
+        if workers == 1:
+            return True, None
+        with urllib.request.urlopen(f"{base}/metrics?workers=each", timeout=5) as answer:
+            text = answer.read().decode()
+    except urllib.error.HTTPError as refused:  # listening, and the model not ready: the answer says why
+        return False, refusal_reason(refused.code, refused.read())
+    except OSError:  # not listening yet
+        return False, None
+    return len(set(re.findall(r'switchyard_active_version\{[^}]*worker="(\d+)"', text))) >= workers, None
+
+
+def refusal_reason(status: int, body: bytes) -> str:
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return f"HTTP {status}: {body[:300]!r}"
+    return str(answer.get("error", answer)) if isinstance(answer, dict) else f"HTTP {status}: {answer}"
+
+
+def _tail(log: Path, lines: int = 30) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def infer_binary(port: int, rows: Floats) -> Floats:
+    """The classifier's logits for ``rows``, sent and answered in the binary tensor extension."""
+    from clients import binary_body
+
+    body, headers = binary_body("image", rows)
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/{MODEL}/infer", data=body, headers=headers)
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        header_length = int(answer.headers["Inference-Header-Content-Length"])
+        payload = answer.read()
+    header = json.loads(payload[:header_length])
+    output = header["outputs"][0]
+    logits = np.frombuffer(payload[header_length:], dtype=np.float32)
+    return logits.reshape(output["shape"])
+
+
+def parity(port: int, workers: int) -> Parity:
+    """The gateway's answers against eager PyTorch on the CPU, within the exporter's fp32 parity tolerance (atol and
+    rtol alike, as its gate uses them)."""
+    import torch
+
+    from examples import models
+    from exporter.parity import DEFAULT_TOLERANCE
+
+    tolerance = DEFAULT_TOLERANCE["fp32"]
+    reference = models.build_classifier().eval()
+    worst_abs = worst_rel = 0.0
+    passed = True
+    for batch in PARITY_BATCHES:
+        inputs = models.classifier_inputs(batch, seed=100 + batch)
+        with torch.inference_mode():
+            expected = reference(inputs).numpy()
+        served = infer_binary(port, inputs.numpy())
+        if served.shape != expected.shape:
+            raise RuntimeError(f"the gateway answered batch {batch} with logits of shape {served.shape}, expected "
+                               f"{expected.shape}")
+        difference = np.abs(served - expected)
+        worst_abs = max(worst_abs, float(difference.max()))
+        worst_rel = max(worst_rel, float((difference / np.maximum(np.abs(expected), 1e-12)).max()))
+        passed = passed and bool(np.all(difference <= tolerance + tolerance * np.abs(expected)))
+    return Parity(workers, list(PARITY_BATCHES), worst_abs, worst_rel, tolerance, tolerance, passed)
+
+
+def client_shares(clients: int, processes: int) -> list[int]:
+    """``clients`` spread as evenly as can be over at most ``processes`` processes (none of them empty)."""
+    used = min(clients, processes)
+    return [clients // used + (1 if index < clients % used else 0) for index in range(used)]
+
+
+def prepare_client() -> None:
+    """Each client process imports its client before the first run: on a small machine the import's CPU would
+    otherwise come out of the first run's figure."""
+    import clients  # noqa: F401
+
+
+def client_run(port: int, clients: int, seconds: float) -> tuple[int, float]:
+    """One client process: ``clients`` keep-alive connections in a closed loop of batch-1 binary requests; the
+    requests answered in the measured ``seconds`` and the seconds it measured."""
+    from clients import binary_body, run_http
+
+    row = np.random.default_rng(clients).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    body, headers = binary_body("image", row)
+    url = f"http://127.0.0.1:{port}/v2/models/{MODEL}/infer"
+    try:
+        import uvloop  # cheaper per request than asyncio's own loop, where it is installed
+
+        runner: Any = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    count, measured, _ = runner(run_http(url, body, headers, clients, seconds, min(WARMUP_S, seconds / 4)))
+    return int(count), float(measured)
+
+
+def throughput(pool: Any, port: int, workers: int, clients: int, processes: int, seconds: float) -> Throughput:
+    shares = client_shares(clients, processes)
+    runs = pool.starmap(client_run, [(port, share, seconds) for share in shares])
+    requests = sum(count for count, _ in runs)
+    rate = sum(count / measured for count, measured in runs if measured > 0)
+    return Throughput(workers, clients, len(shares), requests, rate)
+
+
+# --- the run -----------------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def phase(report: Report, name: str) -> Iterator[None]:
+    started = time.monotonic()
+    print(f"-- {name}", flush=True)
+    try:
+        yield
+    finally:
+        report.phase_seconds[name] = round(time.monotonic() - started, 2)
+
+
+def serve_and_measure(report: Report, args: argparse.Namespace, repository: Path, logs: Path) -> None:
+    """Parity and throughput with 1 worker, then with ``--workers`` (once, when that is 1 too)."""
+    torch_device = "cuda:0" if args.device == "cuda" else "cpu"
+    counts = sorted({1, args.workers})
+    spawn = multiprocessing.get_context("spawn")
+    with spawn.Pool(args.client_processes, initializer=prepare_client) as pool, ExitStack() as stack:
+        with phase(report, f"gateways start ({' and '.join(map(str, counts))} worker(s) on {torch_device})"):
+            ports = stack.enter_context(gateways(repository, counts, logs))
+        for workers, port in ports.items():
+            with phase(report, f"gateway, {workers} worker(s)"):
+                measure(report, pool, port, workers, args)
+
+
+def measure(report: Report, pool: Any, port: int, workers: int, args: argparse.Namespace) -> None:
+    checked = parity(port, workers)
+    report.parity.append(checked)
+    print(f"   parity {'ok' if checked.passed else 'FAILED'}: max abs {checked.max_abs_error:.3g}, max rel "
+          f"{checked.max_rel_error:.3g} (atol = rtol = {checked.atol:g})", flush=True)
+    for clients in args.clients:
+        measured = throughput(pool, port, workers, clients, args.client_processes, args.seconds)
+        report.throughput.append(measured)
+        print(f"   {clients:>4} clients: {measured.requests_per_s:9.0f} req/s", flush=True)
+
+
+def run_check(args: argparse.Namespace, env: Environment, out: Path) -> Report:
+    report = Report(args.device, env, args.instances, args.seconds)
+    torch_device = "cuda:0" if args.device == "cuda" else "cpu"
+    work = Path(tempfile.mkdtemp(prefix="switchyard-gpu-check-"))
+    try:
+        with phase(report, "export"):
+            artifact = build_repository(work / "repository", args.device, args.instances)
+        with phase(report, f"in-process ceiling on {torch_device}"):
+            for batch in CEILING_BATCHES:
+                report.ceiling_images_per_s[batch] = ceiling(artifact, torch_device, batch, args.seconds / 4)
+                print(f"   batch {batch:>3}: {report.ceiling_images_per_s[batch]:9.0f} images/s", flush=True)
+        serve_and_measure(report, args, work / "repository", work)
+    except Exception as exc:  # the figures so far still go out: a lent machine's minutes are not spent twice
+        report.failures.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        write_report(report, out)
+        keep_logs(work, out)
+        shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def keep_logs(work: Path, out: Path) -> None:
+    """The gateways' logs beside the figures: they name the device of every instance at load, and why a run
+    failed."""
+    out.mkdir(parents=True, exist_ok=True)
+    for log in sorted(work.glob("gateway-*.log")):
+        shutil.copyfile(log, out / log.name)
+
+
+def write_report(report: Report, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    figures = asdict(report) | {"passed": report.passed}
+    (out / "gpu_check.json").write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def print_table(report: Report, out: Path) -> None:
+    best = max(report.ceiling_images_per_s.values(), default=0.0)
+    print(f"\nGPU check ({report.device}, {report.instances} instance(s) per worker, {report.seconds:g} s per run)")
+    print(f"{'what':<34}{'figure':>12}  unit")
+    for batch, rate in report.ceiling_images_per_s.items():
+        print(f"{f'in-process, batch {batch}':<34}{rate:>12.0f}  images/s")
+    for run in report.throughput:
+        share = f"  ({run.requests_per_s / best:.1%} of the best in-process)" if best else ""
+        label = f"gateway, {run.workers} worker(s), {run.clients} clients"
+        print(f"{label:<34}{run.requests_per_s:>12.0f}  req/s{share}")
+    for checked in report.parity:
+        print(f"parity with {checked.workers} worker(s): {'ok' if checked.passed else 'FAILED'} "
+              f"(max abs {checked.max_abs_error:.3g}, max rel {checked.max_rel_error:.3g})")
+    for failure in report.failures:
+        print(f"FAILED: {failure}")
+    print(f"{'passed' if report.passed else 'FAILED'}; figures in {out / 'gpu_check.json'}", flush=True)
+
+
+def output_folder(requested: Path | None) -> Path:
+    if requested is not None:
+        return requested
+    device_out = os.environ.get("OUT")
+    return Path(device_out) if device_out else Path(tempfile.mkdtemp(prefix="switchyard-gpu-check-out-"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        env = environment()
+        print_environment(env)
+        check_fit(env, args.device)
+    except Unfit as exc:
+        print(f"gpu_check: {exc}", file=sys.stderr, flush=True)
+        return EXIT_UNFIT
+    out = output_folder(args.out)
+    report = run_check(args, env, out)
+    print_table(report, out)
+    return 0 if report.passed else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    # The checkout's packages (examples, exporter, services) import from its root also where it is not installed,
+    # as on a lent GPU machine; the sibling modules import from this folder, sys.path's first entry.
+    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+    sys.exit(main())
