@@ -19,7 +19,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("admission", {"shaping"}),
     ("backends", {"backends", "statistics"}),
     ("batching", {"batching"}),
-    ("foundation", {"repository", "tensors", "metrics", "tallies", "settings", "errors", "tracing", "inference_log"}),
+    ("foundation", {"repository", "tensors", "metrics", "tallies", "settings", "errors", "tracing", "inference_log",
+                    "security"}),
 ]
 """Top to bottom, as docs/architecture.md draws them: a part may import its own layer and the layers below it."""
 ROOT_MODULES_AT_MOST = 12

@@ -37,6 +37,7 @@ from services.gateway.rest.openapi import install_openapi
 from services.gateway.rest.repository_routes import RepositoryEndpoints, add_repository_routes
 from services.gateway.rest.shared_memory import SharedMemoryEndpoints, shared_memory_routes
 from services.gateway.rest.traced_lane import TracedInferLane
+from services.gateway.security import server_tls
 from services.gateway.settings import Settings
 from services.gateway.shaping.node_share import NodeShare
 from services.gateway.shaping.shaper import Shaper
@@ -228,6 +229,7 @@ def create_app(
                 stream_max_inflight=settings.stream_max_inflight,
                 stream_idle_timeout_s=settings.stream_idle_timeout_s,
                 reuse_port=node is not None,
+                tls=server_tls(settings),
             )
             log.info("gRPC listening on %s:%d", settings.host, app.state.grpc_port)
         if node is not None:

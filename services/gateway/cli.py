@@ -55,11 +55,13 @@ def serve(
     from services.gateway.app import BackendNotImplemented
     from services.gateway.backends.triton import ConfigTransform
     from services.gateway.repository import RepositoryError
+    from services.gateway.security import TlsError
     from services.gateway.server import serve as run_server
     from services.gateway.settings import Settings
     from services.gateway.shaping.keys import ApiKeysError
     from services.gateway.shaping.limits import LimitsError
     from services.gateway.state import StateError
+    from services.gateway.tracing.setup import TracingError
 
     if backend not in ("embedded", "triton"):
         raise typer.BadParameter("choose embedded or triton", param_hint="--backend")
@@ -100,7 +102,9 @@ def serve(
 
         check_startup(settings)  # one clear line before any worker starts, as with one process
         code = supervise(settings, transform)
-    except (BackendNotImplemented, RepositoryError, StateError, ApiKeysError, LimitsError) as exc:
+    except (
+        BackendNotImplemented, RepositoryError, StateError, ApiKeysError, LimitsError, TlsError, TracingError
+    ) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     if code:

@@ -12,6 +12,7 @@ from starlette.types import ASGIApp
 from services.gateway.app import create_app, preflight
 from services.gateway.backends.triton import ConfigTransform
 from services.gateway.rest.connections import ConnectionLimits, protocol_class
+from services.gateway.security import check_tls_files, server_tls
 from services.gateway.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,10 @@ FD_HEADROOM = 256
 
 def uvicorn_config(settings: Settings, app: ASGIApp, *, log_level: str | None = None) -> uvicorn.Config:
     """How every gateway runs (``switchyard serve`` and ``tests.gateway_harness``): the connection limits are
-    part of what is served and tested, not a production-only extra."""
+    part of what is served and tested, not a production-only extra. With ``tls_cert_file`` the listener serves
+    TLS from one ``SSLContext`` that ``security.ServerTls`` reloads when the files change (raises ``TlsError``
+    for files it cannot use)."""
+    tls = server_tls(settings)
     limits = ConnectionLimits(
         settings.header_timeout_s,
         settings.body_timeout_s,
@@ -51,6 +55,7 @@ def uvicorn_config(settings: Settings, app: ASGIApp, *, log_level: str | None = 
         lifespan="on",
         log_level=log_level or settings.log_level,
         access_log=settings.access_log,
+        ssl_context_factory=tls.uvicorn_factory if tls is not None else None,
     )
 
 
@@ -66,9 +71,10 @@ def check_fd_limit(settings: Settings) -> None:
 
 
 def check_startup(settings: Settings) -> None:
-    """Raises ``RepositoryError`` / ``StateError`` (one line each) when the gateway cannot start; warns of a file
-    descriptor limit too low for its connections."""
+    """Raises ``RepositoryError`` / ``StateError`` / ``TlsError`` (one line each) when the gateway cannot start;
+    warns of a file descriptor limit too low for its connections."""
     check_fd_limit(settings)
+    check_tls_files(settings)
     asyncio.run(preflight(settings))
 
 

@@ -116,7 +116,9 @@ class Settings(BaseSettings):
     (``X-API-Key`` header, ``x-api-key`` gRPC metadata). Unset: open. A key without a tenant is its own tenant,
     ``key-`` and the first 8 hex digits of the key's SHA-256."""
     api_keys_file: Path | None = None
-    """A file of ``key[:tenant]`` lines (``#`` comments), re-read when it changes; adds to ``api_keys``."""
+    """A file of ``key[:tenant]`` lines (``#`` comments), or when it ends in ``.toml`` / ``.yaml`` / ``.yml`` one
+    ``[keys.<id>]`` table per key (hashed secrets, the models it may call, an expiry; ``switchyard keys`` writes it).
+    Re-read when it changes; adds to ``api_keys``."""
     protect_metadata: bool = False
     """Also require the API key on model metadata, readiness and configuration (health and /metrics stay open)."""
     rate_limit_rps: float = 0.0
@@ -197,6 +199,28 @@ class Settings(BaseSettings):
     """JSON-lines log files kept; the oldest are deleted past it."""
     inference_log_timeout_s: float = 5.0
     """How long one write to a Redis or HTTP sink may take before its records are dropped (and counted)."""
+    tls_cert_file: Path | None = None
+    """PEM certificate chain the HTTP and gRPC listeners present (with ``tls_key_file``; both or neither). Unset:
+    plain HTTP and gRPC. Replaced on disk, it is loaded again within a second: new connections get it, open ones
+    keep the old one."""
+    tls_key_file: Path | None = None
+    """PEM private key of ``tls_cert_file``."""
+    tls_client_ca_file: Path | None = None
+    """PEM CA certificates that sign the clients' certificates (mutual TLS); needs ``tls_cert_file``."""
+    tls_client_auth: Literal["none", "optional", "required"] | None = None
+    """Client certificates with ``tls_client_ca_file``: ``required`` (the default when the CA file is set: a client
+    without a certificate signed by it is refused), ``optional`` (HTTP checks a certificate a client sends; gRPC does
+    not ask for one), ``none`` (not asked)."""
+    triton_tls: bool = False
+    """Reach Triton's gRPC endpoint over TLS (Triton's ``--grpc-use-ssl``). Triton's HTTP front end has no TLS, so
+    ``triton_http_url`` must stay empty then."""
+    triton_tls_ca_file: Path | None = None
+    """PEM CA certificates Triton's certificate is checked against; unset: the system's roots."""
+    triton_tls_cert_file: Path | None = None
+    """PEM client certificate the gateway presents to Triton (Triton's ``--grpc-use-ssl-mutual``), with
+    ``triton_tls_key_file``."""
+    triton_tls_key_file: Path | None = None
+    """PEM private key of ``triton_tls_cert_file``."""
     log_level: str = "info"
     """Log level for the gateway and uvicorn."""
     access_log: bool = False
@@ -214,6 +238,12 @@ class Settings(BaseSettings):
             "rate_limit_burst": self.rate_limit_burst, "shared_memory_max_regions": self.shared_memory_max_regions,
             "shared_memory_max_bytes": self.shared_memory_max_bytes, "workers": self.workers,
         }
+        schemes = ("file", "redis", "rediss", "http", "https")
+        if self.inference_log and self.inference_log.split("://", 1)[0] not in schemes:
+            raise ValueError(
+                f"SWITCHYARD_INFERENCE_LOG must be file:///abs/dir, redis://host:port/db?stream=NAME or an http(s):// "
+                f"URL, got {self.inference_log!r}"
+            )
         if not 0.0 <= self.inference_log_sample <= 1.0:
             sample = self.inference_log_sample
             raise ValueError(f"SWITCHYARD_INFERENCE_LOG_SAMPLE must lie between 0 and 1, got {sample}")
@@ -258,6 +288,30 @@ class Settings(BaseSettings):
                 f"SWITCHYARD_DEFAULT_PRIORITY must lie between 1 and SWITCHYARD_PRIORITY_LEVELS "
                 f"({self.priority_levels}), got {self.default_priority}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _tls_settings_fit_together(self) -> Settings:
+        """Refuse TLS settings that would silently do less than they say; the files are read at startup
+        (``security/tls.py``), where a missing or mismatched one is refused naming the variable and the file."""
+        pairs = [("tls_cert_file", "tls_key_file"), ("triton_tls_cert_file", "triton_tls_key_file")]
+        for first, second in pairs:
+            if (getattr(self, first) is None) != (getattr(self, second) is None):
+                raise ValueError(f"SWITCHYARD_{first.upper()} and SWITCHYARD_{second.upper()} go together: set both "
+                                 "or neither")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("SWITCHYARD_TLS_CLIENT_CA_FILE needs SWITCHYARD_TLS_CERT_FILE and SWITCHYARD_TLS_KEY_FILE "
+                             "(client certificates are checked only on TLS listeners)")
+        if self.tls_client_auth in ("optional", "required") and self.tls_client_ca_file is None:
+            raise ValueError(f"SWITCHYARD_TLS_CLIENT_AUTH={self.tls_client_auth} needs SWITCHYARD_TLS_CLIENT_CA_FILE, "
+                             "the CA that signs the clients' certificates")
+        triton_files = [self.triton_tls_ca_file, self.triton_tls_cert_file, self.triton_tls_key_file]
+        if not self.triton_tls and any(path is not None for path in triton_files):
+            raise ValueError("SWITCHYARD_TRITON_TLS_* files are set but SWITCHYARD_TRITON_TLS is false: set it to "
+                             "true to reach Triton over TLS")
+        if self.triton_tls and self.triton_http_url:
+            raise ValueError("SWITCHYARD_TRITON_TLS needs SWITCHYARD_TRITON_HTTP_URL empty: Triton's HTTP front end "
+                             "has no TLS, so inference must go over gRPC")
         return self
 
 

@@ -29,7 +29,7 @@ from services.tritonlocal.install import TritonInstall
 from services.tritonlocal.processes import HOST, check_ports_free, digest, free_port, free_ports, live, reap_group
 from services.tritonlocal.tracing import TritonTracing
 
-__all__ = ["LocalTriton", "TritonPorts", "free_port"]
+__all__ = ["LocalTriton", "TritonGrpcTls", "TritonPorts", "free_port"]
 
 _POLL_S = 0.1
 _WATCHDOG = Path(__file__).with_name("watchdog.py")
@@ -38,6 +38,23 @@ _LOG_TAIL_LINES = 30
 
 # Loopback traffic must never go through an http_proxy from the environment.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass(frozen=True)
+class TritonGrpcTls:
+    """TLS on Triton's gRPC endpoint (Triton's HTTP front end has none): its certificate and key, and, for mutual
+    TLS, the CA that signs its clients' certificates. The HTTP endpoint (readiness) stays plain; so does
+    ``load``/``unload``'s own control client, which therefore cannot be used while this is set."""
+
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
+
+    def flags(self) -> list[str]:
+        flags = ["--grpc-use-ssl=true", f"--grpc-server-cert={self.cert_file}", f"--grpc-server-key={self.key_file}"]
+        if self.client_ca_file is not None:
+            flags += ["--grpc-use-ssl-mutual=true", f"--grpc-root-cert={self.client_ca_file}"]
+        return flags
 
 
 @dataclass(frozen=True)
@@ -54,7 +71,8 @@ class LocalTriton:
     under the install's ``repositories/``). Ports given as 0 are picked once, at construction. ``load``
     names models loaded at startup with their config's version policy; the others wait for ``load()``.
     ``log_file`` receives the server's output (``None``: inherit this process's stdout/stderr).
-    ``tracing`` turns Triton's OpenTelemetry traces on (``None``: off; see ``tracing.py``).
+    ``tracing`` turns Triton's OpenTelemetry traces on (``None``: off; see ``tracing.py``); ``grpc_tls`` serves gRPC
+    over TLS (``TritonGrpcTls``).
     ``stop()`` sends SIGTERM, which Triton honours after draining for up to ``exit_timeout_s``; SIGKILL
     follows if it is still running after ``stop_timeout_s``.
     """
@@ -74,6 +92,7 @@ class LocalTriton:
         stop_timeout_s: float = 15.0,
         exit_timeout_s: int = 3,
         tracing: TritonTracing | None = None,
+        grpc_tls: TritonGrpcTls | None = None,
     ) -> None:
         self.install = install or TritonInstall.default()
         self.source = Path(repository).resolve()
@@ -86,6 +105,7 @@ class LocalTriton:
         self.stop_timeout_s = stop_timeout_s
         self.exit_timeout_s = exit_timeout_s
         self.tracing = tracing
+        self.grpc_tls = grpc_tls
         self._process: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._repository: DerivedRepository | None = None
@@ -147,6 +167,7 @@ class LocalTriton:
             # and in-flight requests; its default of 30 s would make every stop slow.
             f"--exit-timeout-secs={self.exit_timeout_s}",
             *(self.tracing.flags() if self.tracing is not None else ()),
+            *(self.grpc_tls.flags() if self.grpc_tls is not None else ()),
         ]
 
     def environment(self) -> dict[str, str]:

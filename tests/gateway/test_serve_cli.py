@@ -40,6 +40,26 @@ def test_serve_exits_with_one_line_per_problem_when_settings_invalid(
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(("variables", "expected"), [
+    ({"SWITCHYARD_INFERENCE_LOG": "ftp://host/dir"},
+     "SWITCHYARD_INFERENCE_LOG must be file:///abs/dir, redis://host:port/db?stream=NAME or an http(s):// URL"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
+     "OTEL_EXPORTER_OTLP_PROTOCOL is 'http/json'; expected one of http/protobuf, grpc"),
+])
+def test_serve_exits_with_one_line_when_the_inference_log_or_tracing_is_misconfigured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], expected: str
+) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SWITCHYARD_STATE_PATH", str(tmp_path / "state" / "routing.json"))
+    (tmp_path / "repository").mkdir()
+    result = CliRunner().invoke(app, ["serve", "--repository", str(tmp_path / "repository"), "--port", "0",
+                                      "--grpc-port", "0"])
+    assert result.exit_code == 2, result.output
+    assert expected in result.output
+    assert "Traceback" not in result.output
+
+
 def test_serve_exits_with_message_when_keys_file_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWITCHYARD_API_KEYS_FILE", str(tmp_path / "keys.txt"))
     monkeypatch.setenv("SWITCHYARD_STATE_PATH", str(tmp_path / "state" / "routing.json"))

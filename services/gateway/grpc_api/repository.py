@@ -15,6 +15,8 @@ from services.gateway.repository_api.api import Parameter
 
 Lookup = Callable[[str], str | None]
 """Reads one metadata key of the call."""
+VisibleModels = Callable[[str | None], Callable[[str], bool]]
+"""The models an API key (or none) may see, as a test on a model's name."""
 
 
 class RepositoryService:
@@ -23,9 +25,12 @@ class RepositoryService:
     def __init__(self, api: RepositoryApi) -> None:
         self._api = api
 
-    async def index(self, request: Any, metadata: Lookup) -> Any:
+    async def index(self, request: Any, metadata: Lookup, visible_models: VisibleModels) -> Any:
+        """``visible_models``: the shaper's check of the caller's API key, if it sent one (after the token's): the
+        index shows only the models that key may see."""
         self._api.authorize(metadata("authorization"))
-        found = self._api.index(ready_only=bool(request.ready))
+        visible = visible_models(metadata("x-api-key"))
+        found = self._api.index(ready_only=bool(request.ready), visible=visible)
         entries = [
             service_pb2.RepositoryIndexResponse.ModelIndex(
                 name=entry.name, version=entry.version, state=entry.state, reason=entry.reason

@@ -15,6 +15,7 @@ from services.gateway.grpc_api.servicer import InferenceServicer
 from services.gateway.grpc_api.stream import StreamService
 from services.gateway.grpc_api.traced import TracedInferenceServicer
 from services.gateway.repository_api import RepositoryApi
+from services.gateway.security import ServerTls
 
 # Streams one connection may have open at once. The gateway admits far fewer requests per model (max_concurrency
 # plus max_queue, 320 by default) and refuses the rest, so a client multiplexing on one channel never waits on
@@ -86,6 +87,7 @@ async def start_server(
     stream_max_inflight: int = 64,
     stream_idle_timeout_s: float = 300.0,
     reuse_port: bool = False,
+    tls: ServerTls | None = None,
 ) -> tuple[GatewayServer, int]:
     """Start a ``grpc.aio`` server on the running loop (the same one uvicorn serves HTTP on).
 
@@ -95,7 +97,8 @@ async def start_server(
     then is closed (a silent socket). None: gRPC's defaults (never, and 120 s). ``health_interval_s`` and
     ``health_max_watches``: the standard health service's watches (``grpc_api/health.py``); ``stream_max_inflight`` and
     ``stream_idle_timeout_s``: each ``ModelStreamInfer`` stream's bounds (``grpc_api/stream.py``). ``reuse_port``: the
-    node's workers listen on the same port (``serve --workers N``)."""
+    node's workers listen on the same port (``serve --workers N``). ``tls``: serve TLS (mutual TLS with a client CA),
+the certificate read again before a handshake when its files changed; None: plain gRPC."""
     options: list[tuple[str, int]] = [
         # gRPC's own limit sits above the gateway's so that a message over ``max_message_bytes`` reaches the
         # admission step, which refuses it (RESOURCE_EXHAUSTED) and counts it as REST counts a 413. Beyond twice
@@ -130,6 +133,10 @@ async def start_server(
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, GenericHandlersOnly(server))
     health = HealthService(dataplane, interval_s=health_interval_s, max_watches=health_max_watches)
     health_pb2_grpc.add_HealthServicer_to_server(health, GenericHandlersOnly(server))
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    if tls is None:
+        bound = server.add_insecure_port(address)
+    else:
+        bound = server.add_secure_port(address, tls.grpc_credentials())
     await server.start()
     return GatewayServer(server, health, streams), bound

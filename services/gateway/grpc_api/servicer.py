@@ -66,7 +66,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         async def call() -> Any:
-            self._dataplane.shaper.authenticate_metadata(_metadata(context)("x-api-key"))
+            self._dataplane.shaper.authenticate_metadata(_metadata(context)("x-api-key"), request.name)
             version = parse_version(request.version)  # a malformed one is INVALID_ARGUMENT
             try:
                 ready = await self._dataplane.model_ready(request.name, version)
@@ -77,7 +77,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return await self._guard(request, context, call)
 
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        return await self._guard(request, context, lambda: self._repository.index(request, _metadata(context)))
+        visible_models = self._dataplane.shaper.visible_models
+        return await self._guard(
+            request, context, lambda: self._repository.index(request, _metadata(context), visible_models)
+        )
 
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         return await self._guard(request, context, lambda: self._repository.load(request, _metadata(context)))
@@ -95,7 +98,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         async def call() -> Any:
-            self._dataplane.shaper.authenticate_metadata(_metadata(context)("x-api-key"))
+            self._dataplane.shaper.authenticate_metadata(_metadata(context)("x-api-key"), request.name)
             version = parse_version(request.version)
             return encode_metadata(await self._dataplane.model_metadata(request.name, version))
 
@@ -103,7 +106,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         async def call() -> Any:
-            self._dataplane.shaper.authenticate_metadata(_metadata(context)("x-api-key"))
+            self._dataplane.shaper.authenticate_metadata(_metadata(context)("x-api-key"), request.name)
             version = parse_version(request.version)
             config = await self._dataplane.model_config(request.name, version)
             return service_pb2.ModelConfigResponse(config=config)
@@ -114,10 +117,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         """Triton's figures only: the message has no field for the gateway's hop (the HTTP answer and /metrics do)."""
 
         async def call() -> Any:
-            self._dataplane.shaper.authenticate_metadata(_metadata(context)("x-api-key"))
+            visible = self._dataplane.shaper.authenticate_metadata(_metadata(context)("x-api-key"), request.name)
             version = parse_version(request.version)
             report = await self._dataplane.statistics(request.name, version)
-            return service_pb2.ModelStatisticsResponse(model_stats=report.model_stats)
+            shown = [stats for stats in report.model_stats if visible(stats.name)]
+            return service_pb2.ModelStatisticsResponse(model_stats=shown)
 
         return await self._guard(request, context, call)
 

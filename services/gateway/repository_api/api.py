@@ -38,8 +38,10 @@ class RepositoryApi:
         """The caller's name for the audit log; 401 / 403 when it may not call the repository API."""
         return self._auth.check(authorization)
 
-    def index(self, *, ready_only: bool) -> list[IndexEntry]:
-        return repository_index(self._manager, self._actions.unloading, ready_only=ready_only)
+    def index(self, *, ready_only: bool, visible: Callable[[str], bool] = lambda model: True) -> list[IndexEntry]:
+        """``visible``: the models the caller's API key may see; the others are left out as if absent."""
+        found = repository_index(self._manager, self._actions.unloading, ready_only=ready_only)
+        return [entry for entry in found if visible(entry.name)]
 
     async def load(self, model: str, parameters: Mapping[str, Parameter], actor: str) -> ActionReport:
         """Load or reload ``model`` (a ``config`` parameter overrides its config.pbtxt for this load)."""

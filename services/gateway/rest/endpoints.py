@@ -41,13 +41,14 @@ class Endpoints:
         return JSONBytesResponse({"ready": ready}, status_code=200 if ready else 503)
 
     async def model_metadata(self, request: Request) -> Response:
-        self._dataplane.shaper.authenticate_metadata(request.headers.get("x-api-key"))
-        metadata = await self._dataplane.model_metadata(*_target(request))
+        model, version = _target(request)
+        self._dataplane.shaper.authenticate_metadata(request.headers.get("x-api-key"), model)
+        metadata = await self._dataplane.model_metadata(model, version)
         return JSONBytesResponse(_metadata_json(metadata))
 
     async def model_ready(self, request: Request) -> Response:
-        self._dataplane.shaper.authenticate_metadata(request.headers.get("x-api-key"))
         model, version = _target(request)
+        self._dataplane.shaper.authenticate_metadata(request.headers.get("x-api-key"), model)
         reason = await self._dataplane.model_readiness(model, version)
         if reason is None:
             return JSONBytesResponse({"name": model, "ready": True})
@@ -55,19 +56,21 @@ class Endpoints:
         return JSONBytesResponse({"name": model, "ready": False, "error": reason}, status_code=503)
 
     async def model_config(self, request: Request) -> Response:
-        self._dataplane.shaper.authenticate_metadata(request.headers.get("x-api-key"))
-        config = await self._dataplane.model_config(*_target(request))
+        model, version = _target(request)
+        self._dataplane.shaper.authenticate_metadata(request.headers.get("x-api-key"), model)
+        config = await self._dataplane.model_config(model, version)
         return JSONBytesResponse(json_format.MessageToDict(config, preserving_proto_field_name=True))
 
     async def statistics(self, request: Request) -> Response:
         """Triton's ``model_stats``, and the gateway's own hop per version under ``gateway_stats`` (a key Triton does
         not send: tritonclient returns the JSON as it is, and the gRPC message has no room for it)."""
-        self._dataplane.shaper.authenticate_metadata(request.headers.get("x-api-key"))
         model: str = request.path_params.get("model_name", "")  # absent on /v2/models/stats: every model
+        visible = self._dataplane.shaper.authenticate_metadata(request.headers.get("x-api-key"), model)
         raw: str | None = request.path_params.get("model_version")
         report = await self._dataplane.statistics(model, None if raw is None else parse_version(raw))
-        model_stats = [message_json(stats) for stats in report.model_stats]
-        return JSONBytesResponse({"model_stats": model_stats, "gateway_stats": report.gateway_stats})
+        model_stats = [message_json(stats) for stats in report.model_stats if visible(stats.name)]
+        gateway_stats = [hop for hop in report.gateway_stats if visible(hop["name"])]
+        return JSONBytesResponse({"model_stats": model_stats, "gateway_stats": gateway_stats})
 
     async def metrics(self, request: Request) -> Response:
         """This process's series; with several workers the node's (``?workers=each``: each worker's, labelled).

@@ -31,7 +31,9 @@ class RepositoryEndpoints:
             ready = body.get("ready", False)
             if not isinstance(ready, bool):
                 raise InvalidInput(f"'ready' must be true or false, got {ready!r}")
-            return [entry.to_json() for entry in self._api.index(ready_only=ready)]
+            # The shaper's check of the caller's API key, if it sent one: its index shows only its models.
+            visible = request.app.state.dataplane.shaper.visible_models(request.headers.get("x-api-key"))
+            return [entry.to_json() for entry in self._api.index(ready_only=ready, visible=visible)]
 
         return await self._answer(request, call)
 

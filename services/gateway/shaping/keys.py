@@ -1,5 +1,6 @@
-"""API keys: who is calling. Maps a presented key to its tenant, from ``SWITCHYARD_API_KEYS`` and a keys file that
-is re-read when it changes."""
+"""API keys: who is calling and which models it may use. Maps a presented key to its tenant, from
+``SWITCHYARD_API_KEYS`` and a keys file that is re-read when it changes: ``key[:tenant]`` lines (every model), or a
+structured file (``services/keyfile/format.py``) whose keys each name their models and may expire."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
 
 from pydantic import SecretStr
 
-from services.gateway.errors import Unauthorized
+from services.gateway.errors import Forbidden, Unauthorized
 from services.gateway.settings import Settings
+from services.keyfile.format import KeyEntry, KeyFileError, is_structured, load_entries, split_presented
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +29,9 @@ RECHECK_S = 1.0
 """Least time between two looks at the keys file: a stat per request would be a syscall per request."""
 MISSING = "missing API key: send it as the X-API-Key header (gRPC: x-api-key metadata)"
 UNKNOWN = "unknown API key"
+MAX_VERIFIED = 4096
+"""Verified keys remembered per file version (by digest); past it the memory starts over: a bound, not a cache
+policy, as a deployment has far fewer live keys."""
 # Tenant names become metric labels, bucket keys and TOML table names: keep them plain.
 _TENANT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
@@ -34,11 +40,43 @@ class ApiKeysError(ValueError):
     """The keys are not usable (a malformed entry, a missing file): the gateway does not start."""
 
 
+class ModelForbidden(Forbidden):
+    """A valid key calling a model outside its list. The message names the model asked for only: never the models
+    the key may call nor any other key, and the same whether the model exists or not."""
+
+    reason = "forbidden"
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """What a verified key may do: its tenant, and the models it may call (``None``: every model)."""
+
+    tenant: str
+    models: KeyEntry | None = None
+    """The structured file's entry, whose ``may_call`` decides; None for the line format and anonymous callers."""
+
+    def may_call(self, model: str) -> bool:
+        return self.models is None or self.models.may_call(model)
+
+    def check(self, model: str) -> None:
+        if not self.may_call(model):
+            raise ModelForbidden(f"this API key may not use model '{model}'")
+
+
+EVERYONE = Access(ANONYMOUS)
+
+
 @dataclass(frozen=True)
 class _Snapshot:
     tenants_by_digest: Mapping[bytes, str]
     signature: tuple[int, int, int] | None
     """The file's (inode, mtime, size) when it was parsed; None without a file."""
+    entries: Mapping[str, KeyEntry] = field(default_factory=lambda: MappingProxyType({}))
+    """The structured file's keys, by id."""
+    verified: dict[bytes, KeyEntry] = field(default_factory=dict)
+    """Structured keys verified against this version of the file, by the presented key's sha256: their scrypt
+    hash is computed once per file version, not once per request. Dropped with the snapshot when the file changes."""
+    expiry_logged: set[str] = field(default_factory=set)
 
 
 def _digest(key: str) -> bytes:
@@ -82,14 +120,21 @@ class ApiKeys:
     """Tenants by key. Keys are held only as sha256 digests; the file is looked at once a second at most."""
 
     def __init__(
-        self, keys: SecretStr | None, path: Path | None, *, clock: Callable[[], float] = time.monotonic
+        self,
+        keys: SecretStr | None,
+        path: Path | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        """``clock`` paces the looks at the file; ``wall`` is the time expiries are compared with."""
         self._fixed: dict[bytes, str] = {}
         text = keys.get_secret_value() if keys is not None else ""
         entries = [part for part in text.split(",") if part.strip()]
         _parse(((f"SWITCHYARD_API_KEYS, entry {n}", e) for n, e in enumerate(entries, start=1)), self._fixed)
         self._path = path
         self._clock = clock
+        self._wall = wall
         self._checked = clock()
         self._rejected: tuple[int, int, int] | None = None
         """The signature of a file version that failed to load: not re-read until it changes."""
@@ -107,32 +152,64 @@ class ApiKeys:
 
     def authenticate(self, key: str | None) -> str:
         """The caller's tenant; ``ANONYMOUS`` while keys are off. Messages never contain the key."""
+        return self.identify(key).tenant
+
+    def identify(self, key: str | None) -> Access:
+        """The caller's tenant and models (``EVERYONE`` while keys are off); 401 for a missing, unknown or expired
+        key. Messages never contain the key."""
         if not self.enabled:
-            return ANONYMOUS
+            return EVERYONE
         self._refresh()
         if not key:
             raise Unauthorized(MISSING)
         # Only digests are compared: a dict lookup's timing depends on the sha256 of the guess, which tells an
         # attacker nothing about the bytes of any real key, so no prefix can be found byte by byte. It stays O(1)
         # however long the file is, where hmac.compare_digest against every key would grow with it.
-        tenant = self._snapshot.tenants_by_digest.get(_digest(key))
-        if tenant is None:
+        snapshot = self._snapshot
+        digest = _digest(key)
+        tenant = snapshot.tenants_by_digest.get(digest)
+        if tenant is not None:
+            return Access(tenant)
+        entry = snapshot.verified.get(digest) or self._verify(snapshot, key, digest)
+        if entry.expired(datetime.fromtimestamp(self._wall(), UTC)):
+            if entry.id not in snapshot.expiry_logged:  # once per key and file version, not once per request
+                snapshot.expiry_logged.add(entry.id)
+                log.warning("refused API key id '%s': key expired at %s", entry.id, entry.expires)
+            raise Unauthorized(UNKNOWN)  # the client learns no more than for a key that never was
+        return Access(entry.tenant, entry)
+
+    @staticmethod
+    def _verify(snapshot: _Snapshot, key: str, digest: bytes) -> KeyEntry:
+        """A structured key's entry once its secret matches one of the id's hashes (only that id's: O(1))."""
+        parts = split_presented(key)
+        entry = snapshot.entries.get(parts[0]) if parts is not None else None
+        if parts is None or entry is None or not entry.matches(parts[1]):
             raise Unauthorized(UNKNOWN)
-        return tenant
+        if len(snapshot.verified) >= MAX_VERIFIED:
+            snapshot.verified.clear()
+        snapshot.verified[digest] = entry
+        return entry
 
     def tenants(self) -> frozenset[str]:
         """Every tenant ``authenticate`` may return now: a bounded set, fit for metric labels."""
         if not self.enabled:
             return frozenset({ANONYMOUS})
-        return frozenset(self._snapshot.tenants_by_digest.values())
+        snapshot = self._snapshot
+        return frozenset(snapshot.tenants_by_digest.values()) | {entry.tenant for entry in snapshot.entries.values()}
 
     def _load(self) -> _Snapshot:
         found = dict(self._fixed)
         if self._path is None:
             return _Snapshot(MappingProxyType(found), None)
         signature = _signature(self._path)
-        _parse(_file_entries(self._path), found)
-        return _Snapshot(MappingProxyType(found), signature)
+        if not is_structured(self._path):
+            _parse(_file_entries(self._path), found)
+            return _Snapshot(MappingProxyType(found), signature)
+        try:
+            entries = load_entries(self._path)
+        except KeyFileError as exc:
+            raise ApiKeysError(str(exc)) from None
+        return _Snapshot(MappingProxyType(found), signature, MappingProxyType(entries))
 
     def _refresh(self) -> None:
         now = self._clock()
@@ -160,7 +237,7 @@ class ApiKeys:
             log.info("reloaded the API keys from %s: %d keys, %d tenants", self._path, len(self), len(self.tenants()))
 
     def __len__(self) -> int:
-        return len(self._snapshot.tenants_by_digest)
+        return len(self._snapshot.tenants_by_digest) + len(self._snapshot.entries)
 
 
 def build_api_keys(settings: Settings) -> ApiKeys:

@@ -7,7 +7,7 @@ decision on both."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -25,6 +25,8 @@ from services.gateway.shaping.redis_buckets import RedisRateLimiter
 from services.gateway.tensors.types import InferRequest
 
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+ModelFilter = Callable[[str], bool]
+"""Whether a caller may see a model (its metadata, readiness, configuration, statistics, index entries)."""
 MESSAGE = {"http": "request body", "grpc": "request message"}
 
 
@@ -68,11 +70,14 @@ class Shaper:
     ) -> None:
         """The checks before a request is decoded: its size (the declared ``Content-Length``, or the gRPC message's)
         against ``max_body_bytes`` (413 / ``RESOURCE_EXHAUSTED``), its API key (401), its tenant's rate limit (429).
-        Fills ``admitted`` as each passes; raises the refusal."""
+        A key of the structured keys file calling a model outside its list is 403 (reason ``forbidden``). Fills
+        ``admitted`` as each passes; raises the refusal."""
         if size is not None:
             self.check_size(size, protocol)
         if self.keys.enabled:
-            admitted.tenant = self.keys.authenticate(api_key)
+            access = self.keys.identify(api_key)
+            admitted.tenant = access.tenant  # set first: a forbidden call is counted against its tenant
+            access.check(model)
         if self.limiter is not None:
             admitted.limits = await self.rate_limit(admitted.tenant, model)
 
@@ -112,10 +117,22 @@ class Shaper:
             return ANONYMOUS
         return self.keys.authenticate(key)
 
-    def authenticate_metadata(self, key: str | None) -> None:
-        """Metadata, readiness and configuration need the key only when ``protect_metadata`` is set."""
-        if self.protect_metadata:
-            self.authenticate(key)
+    def authenticate_metadata(self, key: str | None, model: str | None = None) -> ModelFilter:
+        """Metadata, readiness, configuration and statistics: ``visible_models``, with the key needed only when
+        ``protect_metadata`` is set."""
+        return self.visible_models(key, model, key_required=self.protect_metadata)
+
+    def visible_models(self, key: str | None, model: str | None = None, *, key_required: bool = False) -> ModelFilter:
+        """The models the caller may see: those its key may call. Every model while keys are off, or when no key is
+        presented and ``key_required`` is False (open metadata; a repository index the admin token let through).
+        A presented key is always checked (401 when unknown or expired); naming a ``model`` the key may not call is
+        403, the same refusal as inference's."""
+        if not self.keys.enabled or (not key and not key_required):
+            return _every_model
+        access = self.keys.identify(key)
+        if model:
+            access.check(model)
+        return access.may_call
 
     async def rate_limit(self, tenant: str, model: str) -> Mapping[str, str]:
         """The ``X-RateLimit-*`` headers for the answer; raises ``RateLimited`` (429) when the bucket is empty."""
@@ -150,6 +167,10 @@ class Shaper:
     async def close(self) -> None:
         if self.limiter is not None:
             await self.limiter.close()
+
+
+def _every_model(model: str) -> bool:
+    return True
 
 
 def _seconds(millis: float) -> float | None:

@@ -4,7 +4,9 @@ interpreter, never a fork of one that holds gRPC, onnxruntime or torch threads."
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 
 import uvicorn
 from prometheus_client import Gauge
@@ -33,5 +35,28 @@ def run_worker(spec: WorkerSpec) -> None:
     restarts.set(spec.restarts)  # the node's answer adds the workers' up
     gateway = app if place.acting else ForwardToActingWorker(app, node.peers, max_body_bytes=settings.max_body_bytes)
     served = PeerApi(gateway, app.state.dataplane, app.state.manager, app.state.repository_api)
-    sockets = [reuseport_socket(settings.host, settings.port), node.listen()]
-    uvicorn.Server(uvicorn_config(settings, served)).run(sockets=sockets)
+    server = PlainPeerSocketServer(uvicorn_config(settings, served), node.listen())
+    server.run(sockets=[reuseport_socket(settings.host, settings.port)])
+
+
+class PlainPeerSocketServer(uvicorn.Server):
+    """uvicorn serves every socket it is handed with the config's TLS context; the worker's Unix socket carries the
+    node's own calls (``peers.py``, the supervisor's readiness check) in plain HTTP, and only this worker's user can
+    open it (mode 0600), so it is served here without TLS, beside the TCP port, once uvicorn's startup is done."""
+
+    def __init__(self, config: uvicorn.Config, peer_socket: socket.socket) -> None:
+        super().__init__(config)
+        self._peer_socket = peer_socket
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.should_exit:  # the lifespan failed: uvicorn serves nothing
+            return
+        config, loop = self.config, asyncio.get_running_loop()
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+
+        self.servers.append(await loop.create_server(protocol, sock=self._peer_socket, backlog=config.backlog))

@@ -10,6 +10,7 @@ import grpc
 import tritonclient.grpc.aio as triton
 from tritonclient.grpc import service_pb2_grpc
 
+from services.gateway.security import triton_channel_credentials
 from services.gateway.settings import Settings
 
 
@@ -33,8 +34,14 @@ def open_channels(settings: Settings) -> TritonChannels:
     wrappers, no extra copies, and the probe's calls never queue behind a burst of inference on the same
     HTTP/2 connection."""
     options = channel_options(settings)
-    client = triton.InferenceServerClient(settings.triton_url, channel_args=options)
-    channel = grpc.aio.insecure_channel(settings.triton_url, options=options)
+    # With SWITCHYARD_TRITON_TLS both channels share one set of credentials, read once (files are checked at
+    # startup; a new Triton certificate signed by the same CA needs no change here).
+    credentials = triton_channel_credentials(settings)
+    client = triton.InferenceServerClient(settings.triton_url, channel_args=options, creds=credentials)
+    if credentials is None:
+        channel = grpc.aio.insecure_channel(settings.triton_url, options=options)
+    else:
+        channel = grpc.aio.secure_channel(settings.triton_url, credentials, options=options)
     stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
     return TritonChannels(client, channel, stub.ModelInfer, stub.ModelStreamInfer)
 

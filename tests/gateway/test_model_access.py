@@ -1,0 +1,96 @@
+"""Per-key model access through the app (scripted backend, in-process gRPC): a key limited to some models gets 403 /
+PERMISSION_DENIED on the others, counted with reason ``forbidden`` against its tenant, and its repository index,
+metadata and statistics show only its models."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+from prometheus_client import CollectorRegistry
+from scripted_backend import ScriptedBackend
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from services.gateway.app import create_app
+from services.gateway.settings import Settings
+from services.keyfile.format import KeyEntry, hash_secret, presented_key, write_entries
+
+BODY = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+ADMIN = {"authorization": "Bearer s3cret-admin-token"}
+DOUBLE_ONLY = presented_key("doubles", "secret-of-doubles")
+MLP_ONLY = presented_key("mlps", "secret-of-mlps")
+
+
+def keys_file(tmp_path: Path) -> Path:
+    path = tmp_path / "keys.toml"
+    entries = {
+        "doubles": KeyEntry("doubles", (hash_secret("secret-of-doubles"),), ("doub*",), None, "doubles"),
+        "mlps": KeyEntry("mlps", (hash_secret("secret-of-mlps"),), ("mlp",), None, "mlps"),
+    }
+    write_entries(path, entries)
+    return path
+
+
+@asynccontextmanager
+async def gateway(
+    backend: ScriptedBackend, registry: CollectorRegistry, settings: Settings, tmp_path: Path
+) -> AsyncIterator[tuple[httpx.AsyncClient, service_pb2_grpc.GRPCInferenceServiceStub]]:
+    changes = {"api_keys_file": keys_file(tmp_path), "protect_metadata": True, "grpc_port": 0}
+    app = create_app(settings.model_copy(update=changes), backend=backend, registry=registry)
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with (
+            httpx.AsyncClient(transport=transport, base_url="http://gateway") as http,
+            grpc.aio.insecure_channel(f"127.0.0.1:{app.state.grpc_port}") as channel,
+        ):
+            yield http, service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def count(registry: CollectorRegistry, name: str, labels: dict[str, str]) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+@pytest.mark.slow
+async def test_key_limited_to_some_models_is_refused_and_shown_only_its_models(
+    backend: ScriptedBackend, registry: CollectorRegistry, settings: Settings, tmp_path: Path
+) -> None:
+    async with gateway(backend, registry, settings, tmp_path) as (http, stub):
+        allowed = await http.post("/v2/models/double/infer", json=BODY, headers={"x-api-key": DOUBLE_ONLY})
+        refused = await http.post("/v2/models/double/infer", json=BODY, headers={"x-api-key": MLP_ONLY})
+        request = service_pb2.ModelInferRequest(model_name="classifier")
+        with pytest.raises(grpc.aio.AioRpcError) as grpc_refused:
+            await stub.ModelInfer(request, metadata=(("x-api-key", DOUBLE_ONLY),))
+        metadata = await http.get("/v2/models/double", headers={"x-api-key": MLP_ONLY})
+        stats = await http.get("/v2/models/stats", headers={"x-api-key": MLP_ONLY})
+        own_stats = await http.get("/v2/models/stats", headers={"x-api-key": DOUBLE_ONLY})
+        index = {
+            key: await http.post("/v2/repository/index", json={}, headers={**ADMIN, "x-api-key": key})
+            for key in (DOUBLE_ONLY, MLP_ONLY)
+        }
+        grpc_index = await stub.RepositoryIndex(
+            service_pb2.RepositoryIndexRequest(), metadata=(*ADMIN.items(), ("x-api-key", MLP_ONLY))
+        )
+        admin_index = await http.post("/v2/repository/index", json={}, headers=ADMIN)  # no key: the whole index
+
+    assert allowed.status_code == 200, allowed.text
+    assert refused.status_code == 403
+    assert refused.json() == {"error": "this API key may not use model 'double'"}
+    assert grpc_refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert grpc_refused.value.details() == "this API key may not use model 'classifier'"
+    assert metadata.status_code == 403
+    assert count(registry, "switchyard_rejected_total", {"model": "double", "reason": "forbidden"}) == 1
+    assert count(registry, "switchyard_rejected_total", {"model": "_other", "reason": "forbidden"}) == 1
+    assert count(registry, "switchyard_tenant_requests_total", {"tenant": "mlps", "code": "403"}) == 1
+    assert count(registry, "switchyard_tenant_requests_total", {"tenant": "doubles", "code": "403"}) == 1
+
+    assert stats.json() == {"model_stats": [], "gateway_stats": []}
+    assert {entry["name"] for entry in own_stats.json()["model_stats"]} == {"double"}
+    assert {entry["name"] for entry in index[DOUBLE_ONLY].json()} == {"double"}
+    assert index[MLP_ONLY].json() == []
+    assert list(grpc_index.models) == []
+    assert {entry["name"] for entry in admin_index.json()} == {"double"}

@@ -1,0 +1,128 @@
+"""TLS and mutual TLS on the gateway's HTTP and gRPC listeners, with tritonclient, and a certificate replaced on
+disk served to the next connection without a restart. One gateway (empty repository) for the module."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from services.gateway.settings import Settings
+from tests.gateway_harness import RunningGateway, running_gateway
+from tests.tls.certificates import Authority, Issued, make_authority, serial_of
+
+pytestmark = pytest.mark.slow
+
+REFUSED = (ssl.SSLError, OSError, http.client.HTTPException)
+"""How a refused handshake reaches an HTTP client: a TLS alert, or (TLS 1.3, where the server checks the client's
+certificate after the client thinks the handshake done) the connection closed before an answer."""
+
+
+@dataclass(frozen=True)
+class Pki:
+    folder: Path
+    ca: Authority
+    server: Issued
+    client: Issued
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    folder = tmp_path_factory.mktemp("tls")
+    ca = make_authority(folder)
+    return Pki(folder, ca, ca.issue(folder, "server", server=True), ca.issue(folder, "client", server=False))
+
+
+@pytest.fixture(scope="module")
+def gateway(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    settings = Settings(
+        repository=tmp_path_factory.mktemp("empty_repository"), port=0, grpc_port=0,
+        tls_cert_file=pki.server.cert_file, tls_key_file=pki.server.key_file, tls_client_ca_file=pki.ca.cert_file,
+    )  # tls_client_auth unset: "required", since a client CA is given
+    with running_gateway(settings) as running:
+        yield running
+
+
+def http_client(gateway: RunningGateway, pki: Pki, *, with_certificate: bool) -> httpclient.InferenceServerClient:
+    options = {"ca_certs": str(pki.ca.cert_file)}
+    if with_certificate:
+        options |= {"certfile": str(pki.client.cert_file), "keyfile": str(pki.client.key_file)}
+    return httpclient.InferenceServerClient(gateway.http_url, ssl=True, ssl_options=options, connection_timeout=5.0)
+
+
+def grpc_client(gateway: RunningGateway, pki: Pki, *, with_certificate: bool) -> grpcclient.InferenceServerClient:
+    client_files = {"private_key": str(pki.client.key_file), "certificate_chain": str(pki.client.cert_file)}
+    roots = str(pki.ca.cert_file)
+    return grpcclient.InferenceServerClient(
+        gateway.grpc_url, ssl=True, root_certificates=roots, **(client_files if with_certificate else {})
+    )
+
+
+def test_a_client_with_a_certificate_is_served_over_both_protocols(gateway: RunningGateway, pki: Pki) -> None:
+    assert http_client(gateway, pki, with_certificate=True).get_server_metadata()["name"] == "switchyard"
+    with grpc_client(gateway, pki, with_certificate=True) as client:
+        assert client.get_server_metadata().name == "switchyard"
+
+
+def test_a_client_without_a_certificate_is_refused_over_both_protocols(gateway: RunningGateway, pki: Pki) -> None:
+    with pytest.raises(REFUSED):
+        http_client(gateway, pki, with_certificate=False).is_server_live()
+    with grpc_client(gateway, pki, with_certificate=False) as client, pytest.raises(InferenceServerException):
+        client.is_server_live(client_timeout=5.0)
+
+
+def test_plain_http_is_not_served(gateway: RunningGateway) -> None:
+    with pytest.raises(REFUSED):
+        httpclient.InferenceServerClient(gateway.http_url, connection_timeout=5.0).is_server_live()
+
+
+def test_a_certificate_replaced_on_disk_is_what_the_next_connection_sees(gateway: RunningGateway, pki: Pki) -> None:
+    ports = {"http": gateway.http_port, "grpc": gateway.grpc_port}
+    assert {name: served_serial(port, pki) for name, port in ports.items()} == dict.fromkeys(ports, pki.server.serial)
+    with open_connection(gateway.http_port, pki) as kept:
+        renewed = pki.ca.issue(pki.folder, "server", server=True)  # a new key and serial, same file names
+        assert renewed.serial != pki.server.serial
+        assert until_served(gateway.http_port, pki, renewed.serial) == renewed.serial  # reloaded within a second
+        assert served_serial(gateway.grpc_port, pki) == renewed.serial  # gRPC reads the files before a handshake
+        assert serial_of(peer_certificate(kept)) == pki.server.serial  # an open connection keeps the old one
+        kept.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: gateway\r\n\r\n")
+        assert kept.recv(4096).startswith(b"HTTP/1.1 200")
+    with grpc_client(gateway, pki, with_certificate=True) as client:
+        assert client.is_server_live()
+
+
+def open_connection(port: int, pki: Pki) -> ssl.SSLSocket:
+    context = ssl.create_default_context(cafile=pki.ca.cert_file)
+    context.load_cert_chain(pki.client.cert_file, pki.client.key_file)
+    context.set_alpn_protocols(["h2", "http/1.1"])  # gRPC's listener wants h2 offered; uvicorn picks none
+    return context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5.0), server_hostname="127.0.0.1")
+
+
+def peer_certificate(connection: ssl.SSLSocket) -> bytes:
+    der = connection.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def served_serial(port: int, pki: Pki) -> int:
+    with open_connection(port, pki) as connection:
+        return serial_of(peer_certificate(connection))
+
+
+def until_served(port: int, pki: Pki, serial: int, timeout_s: float = 10.0) -> int:
+    """The serial new connections get, once it is ``serial`` or ``timeout_s`` has passed (the watcher polls)."""
+    deadline = time.monotonic() + timeout_s
+    seen = served_serial(port, pki)
+    while seen != serial and time.monotonic() < deadline:
+        time.sleep(0.1)
+        seen = served_serial(port, pki)
+    return seen

@@ -1,0 +1,85 @@
+"""The gateway reaching the local Triton over mutual TLS (Triton's ``--grpc-use-ssl-mutual``): its model loads and
+answers through the gateway, while a client without the gateway's certificate is refused by Triton."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from onnx import TensorProto, helper
+from tritonclient.utils import InferenceServerException
+
+from services.tritonlocal import LocalTriton, TritonInstall, derive_config
+from services.tritonlocal.server import TritonGrpcTls
+from tests.gateway_harness import running_gateway
+from tests.tls.certificates import Authority, make_authority
+from tests.triton.support import gateway_settings
+from tests.tritonlocal.support import require_install
+
+pytestmark = pytest.mark.slow
+
+ECHO_CONFIG = """
+name: "echo"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }
+output { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }
+"""
+
+
+def write_echo(repository: Path) -> Path:
+    """An FP32 identity, written by hand: enough to prove a request went to Triton and back."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "echo",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (repository / "echo" / "1").mkdir(parents=True)
+    onnx.save(model, repository / "echo" / "1" / "model.onnx")
+    (repository / "echo" / "config.pbtxt").write_text(ECHO_CONFIG)
+    return repository
+
+
+@pytest.fixture(scope="module")
+def ca(tmp_path_factory: pytest.TempPathFactory) -> Authority:
+    return make_authority(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def triton(ca: Authority, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
+    install: TritonInstall = require_install()
+    work = tmp_path_factory.mktemp("triton")
+    server = ca.issue(ca.cert_file.parent, "triton", server=True)
+    tls = TritonGrpcTls(server.cert_file, server.key_file, client_ca_file=ca.cert_file)
+    repository = write_echo(work / "model_repository")
+    with LocalTriton(repository, derived=work / "derived", install=install, log_file=work / "tritonserver.log",
+                     grpc_tls=tls) as running:
+        yield running
+
+
+def test_triton_refuses_a_grpc_client_without_the_client_certificate(triton: LocalTriton, ca: Authority) -> None:
+    with grpcclient.InferenceServerClient(triton.grpc_url, ssl=True, root_certificates=str(ca.cert_file)) as client,\
+            pytest.raises(InferenceServerException):
+        client.is_server_live(client_timeout=5.0)
+
+
+def test_the_gateway_serves_a_triton_model_over_mutual_tls(triton: LocalTriton, ca: Authority) -> None:
+    gateway_client = ca.issue(ca.cert_file.parent, "gateway", server=False)
+    settings = gateway_settings(
+        triton.grpc_url, triton.source, triton_tls=True, triton_tls_ca_file=ca.cert_file,
+        triton_tls_cert_file=gateway_client.cert_file, triton_tls_key_file=gateway_client.key_file,
+    )
+    values = np.arange(8, dtype=np.float32).reshape(2, 4)
+    with running_gateway(settings, config_transform=derive_config) as gateway:
+        client = httpclient.InferenceServerClient(gateway.http_url)
+        request = httpclient.InferInput("INPUT0", [2, 4], "FP32")
+        request.set_data_from_numpy(values)
+        answer = client.infer("echo", [request]).as_numpy("OUTPUT0")
+    np.testing.assert_array_equal(answer, values)
