@@ -4,7 +4,8 @@
 the final flag on its own (an empty final response: N = 0 gives only that). Two request parameters steer it:
 ``delay_ms`` sleeps that long before each response (at most ``MAX_DELAY_MS``: a test that streams across a version
 switch needs the stream to last a moment, never long), and ``fail_at`` sends an error response in place of the
-response of that index and ends the request there."""
+response of that index and ends the request there. A cancelled request (the caller went away) stops at its next
+response with Triton's CANCELLED error, as a decoupled model should."""
 
 from __future__ import annotations
 
@@ -68,6 +69,13 @@ class TritonPythonModel:
         for index in range(count):
             if delay_s:
                 time.sleep(delay_s)
+            if request.is_cancelled():
+                # The caller went away (the gateway cancels the call): stop, as a decoupled model should. Sending on
+                # into a cancelled call crashed Triton 2.51 now and then (signal 11 in its gRPC front end, seen in CI).
+                error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
+                sender.send(pb_utils.InferenceResponse(error=error),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
             if index == fail_at:
                 error = pb_utils.TritonError(f"countdown failed at response {{index}} of {{count}}")
                 sender.send(pb_utils.InferenceResponse(error=error))
