@@ -11,7 +11,6 @@ from onnx import TensorProto, helper
 from torch import nn
 
 from services.gateway.backends.data_dependence import onnx_data_dependent_ops, torchscript_data_dependent_kinds
-from tests.shaping_models import shaping_repository
 
 
 def _save(path: Path, nodes: list[onnx.NodeProto], initializers: list[onnx.TensorProto] | None = None) -> Path:
@@ -47,11 +46,23 @@ def test_onnx_graph_names_its_branch_and_data_sized_ops(tmp_path: Path) -> None:
     assert onnx_data_dependent_ops(path) == {"If", "NonZero"}
 
 
-@pytest.mark.slow
 def test_onnx_loop_with_an_input_trip_count_is_found(tmp_path: Path) -> None:
-    repository = shaping_repository(tmp_path / "repository")
-    assert onnx_data_dependent_ops(repository / "busy" / "1" / "model.onnx") == {"Loop"}
-    assert onnx_data_dependent_ops(repository / "heavy" / "1" / "model.onnx") == set()
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Relu", ["x_in"], ["x_out"])],
+        "step",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_in", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_out", TensorProto.FLOAT, ["n", 4])],
+    )
+    nodes = [
+        helper.make_node("ReduceMax", ["x"], ["peak"], keepdims=0),
+        helper.make_node("Cast", ["peak"], ["trips"], to=TensorProto.INT64),  # how often: a value of the input
+        helper.make_node("Loop", ["trips", "keep_going", "x"], ["y"], body=body),
+    ]
+    path = _save(tmp_path / "loop.onnx", nodes, [helper.make_tensor("keep_going", TensorProto.BOOL, [], [True])])
+    assert onnx_data_dependent_ops(path) == {"Loop"}
 
 
 class _Gated(nn.Module):
