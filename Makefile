@@ -78,10 +78,12 @@ serve: install
 	@if [ -n "$$SWITCHYARD_ADMIN_TOKEN" ]; then $(SY) console --url "$${SWITCHYARD_ADMIN_URL:-http://127.0.0.1:$${SWITCHYARD_PORT:-8000}}"; fi
 	$(SY) serve --repository $(REPO)
 
-lint: install
+# The static checks need only the project's venv: with `make -j 3 install lint typecheck docs` they run while the local
+# Triton and KServe's SDK still install (what .ci/run does).
+lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 
-typecheck: install
+typecheck: $(VENV)/.installed
 	$(BIN)/mypy --strict $(PACKAGES)
 
 # Two workers (pytest-xdist); tests sharing a server stay on one worker (the groups in tests/conftest.py).
@@ -93,7 +95,7 @@ test-fast: install
 	$(BIN)/pytest -m "not slow"
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or a page left out of the nav.
-docs: install
+docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 docs-serve: install
