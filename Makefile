@@ -17,8 +17,8 @@ KSERVE_SPEC := kserve==0.21.0
 install: $(VENV)/.installed triton-install $(KSERVE)/.installed-$(KSERVE_SPEC)
 
 # The installer of the three environments: uv resolves and installs what pip does (same indexes, same find-links) in
-# a fraction of its time (the project's venv: ~12 s against pip's ~60 s). The environments are ordinary venvs with
-# pip in them; uv lives in a venv of its own.
+# a fraction of its time (the project's venv: ~17 s against pip's ~60 s, bytecode compiled as pip does). The
+# environments are ordinary venvs with pip in them; uv lives in a venv of its own.
 UV_VERSION := 0.13.9
 UV_HOME := .tools/uv
 UV := $(UV_HOME)/bin/uv

@@ -196,13 +196,23 @@ def test_tritons_spans_nest_under_the_gateways_client_span_when_the_gateway_trac
     with mock.patch.dict(os.environ, environment), local_gateway(settings) as gateway:
         body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1.0, 2.0, 3.0, 4.0]}]}
         url = f"http://{gateway.http_url}/v2/models/echo/infer"
-        trace_id = ("1" if transport == "http" else "2") * 32
-        answer = httpx.post(url, json=body, headers={"traceparent": f"00-{trace_id}-{'3' * 16}-01"})
-        assert answer.status_code == 200, answer.text
         unrecorded = httpx.post(url, json=body)
         assert unrecorded.status_code == 200
         names = {"POST /v2/models/{model_name}/infer", "triton infer", "InferRequest", "echo", "compute"}
-        spans = receiver.wait_for(lambda got: names <= {s.name for s in got if s.trace_id == trace_id}, timeout_s=10)
+        # Triton's exporter was seen once, in a loaded CI run, to never send one request's spans (the gateway's
+        # arrived, with the context sent): each try is a request of its own, and one whose spans all arrive is judged.
+        for attempt in range(3):
+            trace_id = f"{'1' if transport == 'http' else '2'}{attempt}" * 16
+            answer = httpx.post(url, json=body, headers={"traceparent": f"00-{trace_id}-{'3' * 16}-01"})
+            assert answer.status_code == 200, answer.text
+            try:
+                spans = receiver.wait_for(_all_of(names, trace_id), timeout_s=10)
+                break
+            except AssertionError:
+                gateway_spans = {s.name for s in receiver.spans() if s.trace_id == trace_id}
+                assert {"POST /v2/models/{model_name}/infer", "triton infer"} <= gateway_spans
+                if attempt == 2:
+                    raise
     mine = {span.name: span for span in spans if span.trace_id == trace_id}
     served, call = mine["POST /v2/models/{model_name}/infer"], mine["triton infer"]
     assert served.parent_span_id == "3" * 16
@@ -214,3 +224,8 @@ def test_tritons_spans_nest_under_the_gateways_client_span_when_the_gateway_trac
     untraced = unrecorded.headers["traceparent"].split("-")[1]
     assert [span for span in receiver.spans() if span.trace_id == untraced] == []
     assert [span for span in receiver.spans() if span.name == "InferRequest" and not span.parent_span_id] == []
+
+
+def _all_of(names: set[str], trace_id: str) -> Callable[[list[ReceivedSpan]], bool]:
+    """Whether every span of ``names`` of the trace has arrived."""
+    return lambda got: names <= {span.name for span in got if span.trace_id == trace_id}
