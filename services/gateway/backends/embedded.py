@@ -33,7 +33,7 @@ from services.gateway.errors import GatewayError, ModelNotReady, unknown_version
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.statistics import VersionStatistics
 from services.gateway.tensors.types import InferOutput, InferRequest, InferResponse, ModelMetadata, VersionState
-from services.gateway.tracing.spans import CURRENT, RequestTrace
+from services.gateway.tracing.spans import CURRENT
 from services.modelrepo import layout
 
 log = logging.getLogger(__name__)
@@ -261,7 +261,7 @@ class EmbeddedBackend:
             statistics.failed(time.perf_counter() - began)
             raise
         if trace is not None and timing is not None and len(timing) == 4:
-            record_batch(trace, timing)
+            trace.batch(*timing)
         metadata = slot.metadata
         first = request.inputs[0].data if request.inputs else None
         rows = int(first.shape[0]) if metadata.max_batch_size > 0 and first is not None and first.ndim else 1
@@ -393,10 +393,3 @@ def _policy(
         adaptive_delay=adaptive_delay,
     )
 
-
-def record_batch(trace: RequestTrace, timing: list[float]) -> None:
-    """A traced request's batch: its wait in the queue (submit to the batch's start on a thread) and the run."""
-    submitted, started, ended, rows = timing
-    size = {"switchyard.batch_size": int(rows)}
-    trace.child("batch queue", submitted, started, {**size, "switchyard.queue_delay_ms": (started - submitted) * 1e3})
-    trace.child("execute", started, ended, size)

@@ -128,6 +128,14 @@ class RequestTrace:
         )
         span.end(end_time=offset + int(end * 1e9))
 
+    def batch(self, submitted: float, started: float, ended: float, rows: float) -> None:
+        """The request's batch on the embedded backend: its wait in the queue (from its submit to the batch's start
+        on a thread) and the batch's run (``time.monotonic()`` seconds)."""
+        size = {"switchyard.batch_size": int(rows)}
+        waited_ms = (started - submitted) * 1e3
+        self.child("batch queue", submitted, started, {**size, "switchyard.queue_delay_ms": waited_ms})
+        self.child("execute", started, ended, size)
+
     def client(self, name: str, attributes: Mapping[str, Any]) -> tuple[Span, dict[str, str]]:
         """A client span for a call to another server (Triton) and the headers that carry it there: the callee's
         own spans nest under it. The caller ends the span."""
