@@ -73,6 +73,7 @@ class OtlpReceiver:
         self._spans: list[ReceivedSpan] = []
         self.exports = 0  # export requests decoded, empty ones included
         self.errors: list[str] = []  # why each refused request was refused
+        self.payloads: list[str] = []  # every export request decoded, whole, in protobuf text format
 
     @property
     def endpoint(self) -> str:
@@ -95,6 +96,7 @@ class OtlpReceiver:
         with self._lock:
             self._spans.clear()
             self.errors.clear()
+            self.payloads.clear()
             self.exports = 0
 
     def wait_for(self, predicate: SpanCheck, timeout_s: float = 10.0) -> list[ReceivedSpan]:
@@ -133,6 +135,7 @@ class OtlpReceiver:
         received = list(_spans_of(request))
         with self._lock:
             self._spans.extend(received)
+            self.payloads.append(str(request))
             self.exports += 1
 
     def _refuse(self, reason: str) -> None:

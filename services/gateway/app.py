@@ -187,10 +187,10 @@ def create_app(
     store = state_store(settings, node)
     windows, shadows = TrafficWindows(), ShadowRunner(backend, leases, metrics, settings.shadow_max_pending)
     manager = VersionManager(settings, catalog, backend, router, leases, store, metrics, windows, shadows)
-    repository_api = RepositoryApi(
-        manager, RepositoryAuth(AdminAuth(settings.admin_token), open_api=settings.repository_api_open)
-    )
     shaper = Shaper(settings, metrics, share=node.share if node is not None else None)
+    # One AdminAuth for every admin surface: the keys file's admin tokens are re-read with the API keys.
+    admin_auth = AdminAuth(settings.admin_token, shaper.keys)
+    repository_api = RepositoryApi(manager, RepositoryAuth(admin_auth, open_api=settings.repository_api_open))
     regions = SharedMemoryRegions(
         enabled=settings.shared_memory,
         max_regions=settings.shared_memory_max_regions,
@@ -267,8 +267,8 @@ def create_app(
         app.lane = TracedInferLane(dataplane, max_body_bytes=settings.max_body_bytes, tracing=tracing)
     add_routes(app, Endpoints(dataplane), app.lane)
     app.router.routes.extend(generate_routes(dataplane, max_body_bytes=settings.max_body_bytes))
-    add_admin_routes(app, AdminEndpoints(manager, AdminAuth(settings.admin_token), settings, tuner=tuner))
-    add_console_routes(app, Console(manager, AdminAuth(settings.admin_token), live))
+    add_admin_routes(app, AdminEndpoints(manager, admin_auth, settings, tuner=tuner))
+    add_console_routes(app, Console(manager, admin_auth, live))
     add_repository_routes(app, RepositoryEndpoints(repository_api, max_body_bytes=settings.max_body_bytes))
     add_v2_routes(app, shared_memory_routes(SharedMemoryEndpoints(dataplane)))
     install_openapi(app)

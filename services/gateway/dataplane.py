@@ -159,10 +159,13 @@ class DataPlane:
         observer = self.observer
         try:
             version = self.router.route(model, request.version, header)
+            quota = request.quota
+            if quota is not None:
+                quota.take()  # the key's own share first: a key over it takes none of the model's slots
             # Admitted: from here until the answer is ready the version cannot be drained away (a request waiting
             # for a concurrency slot holds it too: it will be served by the version it was routed to).
             leases = self.leases
-            leases.acquire(model, version)
+            leases.acquire(model, version)  # a counter: it cannot fail between the take and the try
             try:
                 metadata = await self.backend.metadata(model, version)
                 validate(request, metadata)
@@ -177,6 +180,8 @@ class DataPlane:
                     await self._classify(request, metadata, response, version)
             finally:
                 leases.release(model, version)
+                if quota is not None:
+                    quota.give_back()
             if request.outputs is not None:
                 response.outputs = self._select(request, response)
             if request.output_regions:
@@ -218,6 +223,9 @@ class DataPlane:
         count = 0
         try:
             version = self.router.route(model, request.version, header)
+            quota = request.quota
+            if quota is not None:
+                quota.take()  # held for the whole sequence, as the lease is
             leases = self.leases
             leases.acquire(model, version)
             try:
@@ -250,6 +258,8 @@ class DataPlane:
                         gate.leave(None)
             finally:
                 leases.release(model, version)
+                if quota is not None:
+                    quota.give_back()
         except Exception as exc:
             error = self._failed(exc, request, version, protocol, watched, started)
             if error is exc:

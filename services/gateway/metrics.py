@@ -89,8 +89,16 @@ class GatewayMetrics:
         self.rejected = Counter(
             "switchyard_rejected_total",
             "Requests turned away by the gateway before reaching a model, by reason: too_large, unauthorized, "
-            "rate_limit, invalid, not_found, deadline, overload.",
+            "forbidden, rate_limit, key_concurrency, invalid, not_found, deadline, overload.",
             ["model", "reason"],
+            registry=registry,
+        )
+        self.key_rejected = Counter(
+            "switchyard_api_key_rejected_total",
+            "Requests of a keys-file API key turned away for the key's sake, by key id and reason: unauthorized "
+            "(a wrong or expired secret for the id), forbidden (a model outside its list), rate_limit, "
+            "key_concurrency. Ids come from the keys file only; never a secret.",
+            ["key", "reason"],
             registry=registry,
         )
         self.batch_size = hot.histogram(

@@ -46,7 +46,8 @@ class Settings(BaseSettings):
     Triton too and requests name them, so tensors skip the gRPC hop. False: the gateway copies tensors between the
     regions and its requests to Triton."""
     admin_token: SecretStr | None = None
-    """Bearer token of the admin API (``/admin``, ``switchyard models``); unset or empty: the admin API is off."""
+    """Bearer token of the admin API (``/admin``, ``switchyard models``), an operator's; the keys file's
+    ``[admins.<id>]`` tokens (read-only or operator) work beside it. Neither: the admin API is off."""
     repository_api_open: bool = False
     """Let anyone call the model-repository extension (``/v2/repository/...``, gRPC ``Repository*``: index, load,
     unload) without the admin token. False: those calls need ``Authorization: Bearer <SWITCHYARD_ADMIN_TOKEN>``."""
@@ -117,8 +118,9 @@ class Settings(BaseSettings):
     ``key-`` and the first 8 hex digits of the key's SHA-256."""
     api_keys_file: Path | None = None
     """A file of ``key[:tenant]`` lines (``#`` comments), or when it ends in ``.toml`` / ``.yaml`` / ``.yml`` one
-    ``[keys.<id>]`` table per key (hashed secrets, the models it may call, an expiry; ``switchyard keys`` writes it).
-    Re-read when it changes; adds to ``api_keys``."""
+    ``[keys.<id>]`` table per key (hashed secrets, the models it may call, an expiry, its own rps / burst /
+    concurrency) and one ``[admins.<id>]`` table per admin token (read-only or operator); ``switchyard keys``
+    writes it. Re-read when it changes; adds to ``api_keys``."""
     protect_metadata: bool = False
     """Also require the API key on model metadata, readiness and configuration (health and /metrics stay open)."""
     rate_limit_rps: float = 0.0

@@ -1,8 +1,15 @@
-"""The structured API keys file (``SWITCHYARD_API_KEYS_FILE`` ending in ``.toml``, ``.yaml`` or ``.yml``): one
-``[keys.<id>]`` table per key with ``secrets`` (one or two salted scrypt hashes: two while a key is rotated),
-``models`` (names or glob patterns the key may call; none by default), ``expires`` (ISO 8601, optional) and
-``tenant`` (optional; the id by default). A client presents ``sy_<id>_<secret>``: the id names the one entry whose
-hashes are checked, so verifying stays O(1) in the number of keys. The clear secret is never written anywhere."""
+"""The structured API keys file (``SWITCHYARD_API_KEYS_FILE`` ending in ``.toml``, ``.yaml`` or ``.yml``).
+
+One ``[keys.<id>]`` table per API key with ``secrets`` (one or two salted scrypt hashes: two while a key is rotated),
+``models`` (names or glob patterns the key may call; none by default), ``expires`` (ISO 8601, optional), ``tenant``
+(optional; the id by default), and optional limits of its own: ``rps`` / ``burst`` (a rate-limit bucket for the key)
+and ``concurrency`` (requests in flight at once). A client presents ``sy_<id>_<secret>``: the id names the one entry
+whose hashes are checked, so verifying stays O(1) in the number of keys.
+
+One ``[admins.<id>]`` table per admin-API token with ``secrets``, ``role`` (``read-only``: status, events,
+statistics; ``operator``: every action too) and ``expires``; an operator presents ``Bearer sya_<id>_<secret>``. Ids
+are unique across both kinds, so ``switchyard keys rotate ID`` needs no kind. The clear secret is never written
+anywhere."""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ import hashlib
 import hmac
 import importlib
 import json
+import math
 import os
 import re
 import secrets
@@ -27,6 +35,11 @@ from services.durable import fsync_folder, replace_file
 
 PREFIX = "sy_"
 """A presented key is ``sy_<id>_<secret>``: the prefix tells it from a key of the line format."""
+ADMIN_PREFIX = "sya_"
+"""A presented admin token is ``sya_<id>_<secret>``: told from an API key at a glance (in a shell history, a
+secret scanner's rules)."""
+READ_ONLY, OPERATOR = "read-only", "operator"
+ROLES = (READ_ONLY, OPERATOR)
 STRUCTURED_SUFFIXES = (".toml", ".yaml", ".yml")
 MAX_SECRETS = 2
 """The current secret and the one it replaces, valid together while clients move to the new one."""
@@ -38,7 +51,9 @@ TENANT_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # verify a new key on the event loop (about a millisecond); the salt keeps two equal secrets' hashes apart.
 _SCRYPT_N, _SCRYPT_R, _SCRYPT_P, _HASH_BYTES, _SALT_BYTES = 2**10, 8, 1, 32, 16
 _SECRET_BYTES = 32
-_FIELDS = frozenset({"secrets", "models", "expires", "tenant"})
+_FIELDS = frozenset({"secrets", "models", "expires", "tenant", "rps", "burst", "concurrency"})
+_ADMIN_FIELDS = frozenset({"secrets", "role", "expires"})
+_TABLES = ("keys", "admins")
 _HEADER = "# Switchyard API keys, written by `switchyard keys`: salted hashes only, never a key itself.\n"
 
 
@@ -46,17 +61,12 @@ class KeyFileError(ValueError):
     """The keys file is not usable; the message names the file, the key id and what was expected."""
 
 
-@dataclass(frozen=True, slots=True)
-class KeyEntry:
-    id: str
-    secrets: tuple[str, ...]
-    """``scrypt$<salt b64>$<hash b64>``, oldest first."""
-    models: tuple[str, ...]
-    expires: datetime | None
-    tenant: str
+class _Hashed:
+    """What both kinds of entry share: hashed secrets and an expiry."""
 
-    def may_call(self, model: str) -> bool:
-        return any(fnmatchcase(model, pattern) for pattern in self.models)
+    __slots__ = ()
+    secrets: tuple[str, ...]
+    expires: datetime | None
 
     def expired(self, now: datetime) -> bool:
         return self.expires is not None and now >= self.expires
@@ -66,6 +76,48 @@ class KeyEntry:
         which one matched."""
         results = [verify_secret(secret, hashed) for hashed in self.secrets]
         return any(results)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyEntry(_Hashed):
+    id: str
+    secrets: tuple[str, ...]
+    """``scrypt$<salt b64>$<hash b64>``, oldest first."""
+    models: tuple[str, ...]
+    expires: datetime | None
+    tenant: str
+    rps: float | None = None
+    """The key's own sustained requests per second (its own bucket, in place of its tenant's); None: the tenant's
+    rules (``SWITCHYARD_LIMITS_FILE``, ``SWITCHYARD_RATE_LIMIT_RPS``) apply."""
+    burst: int | None = None
+    """The key's bucket size; None: one second's worth of ``rps``."""
+    concurrency: int | None = None
+    """Requests of this key in flight at once, across its models (for the node with ``--workers``); None: no cap
+    of its own."""
+
+    def may_call(self, model: str) -> bool:
+        return any(fnmatchcase(model, pattern) for pattern in self.models)
+
+
+@dataclass(frozen=True, slots=True)
+class AdminEntry(_Hashed):
+    id: str
+    secrets: tuple[str, ...]
+    role: str
+    """``read-only`` or ``operator``."""
+    expires: datetime | None = None
+
+    @property
+    def operator(self) -> bool:
+        return self.role == OPERATOR
+
+
+@dataclass(frozen=True, slots=True)
+class KeyFile:
+    """A whole keys file: API keys and admin tokens, each by id."""
+
+    keys: Mapping[str, KeyEntry]
+    admins: Mapping[str, AdminEntry]
 
 
 def is_structured(path: Path) -> bool:
@@ -81,11 +133,16 @@ def presented_key(key_id: str, secret: str) -> str:
     return f"{PREFIX}{key_id}_{secret}"
 
 
-def split_presented(key: str) -> tuple[str, str] | None:
-    """(id, secret) of a ``sy_<id>_<secret>`` key; None for anything else."""
-    if not key.startswith(PREFIX):
+def presented_admin_token(admin_id: str, secret: str) -> str:
+    """What an operator sends as ``Authorization: Bearer ...``."""
+    return f"{ADMIN_PREFIX}{admin_id}_{secret}"
+
+
+def split_presented(key: str, prefix: str = PREFIX) -> tuple[str, str] | None:
+    """(id, secret) of a ``sy_<id>_<secret>`` key (``sya_`` with ``prefix=ADMIN_PREFIX``); None for anything else."""
+    if not key.startswith(prefix):
         return None
-    key_id, underscore, secret = key[len(PREFIX) :].partition("_")
+    key_id, underscore, secret = key[len(prefix) :].partition("_")
     if not underscore or not secret or not ID_PATTERN.fullmatch(key_id):
         return None
     return key_id, secret
@@ -101,50 +158,113 @@ def verify_secret(secret: str, hashed: str) -> bool:
     return hmac.compare_digest(_scrypt(secret, salt), expected)
 
 
-def load_entries(path: Path) -> dict[str, KeyEntry]:
-    """The entries of the structured keys file at ``path``, by id. Raises ``KeyFileError`` (and ``OSError``)."""
+def load_file(path: Path) -> KeyFile:
+    """The structured keys file at ``path``. Raises ``KeyFileError`` (and ``OSError``)."""
     return parse_document(_read_document(path), str(path))
 
 
-def parse_document(document: Mapping[str, Any], where: str) -> dict[str, KeyEntry]:
-    unknown = sorted(set(document) - {"keys"})
+def load_entries(path: Path) -> dict[str, KeyEntry]:
+    """The API keys of the structured keys file at ``path``, by id."""
+    return dict(load_file(path).keys)
+
+
+def parse_document(document: Mapping[str, Any], where: str) -> KeyFile:
+    unknown = sorted(set(document) - set(_TABLES))
     if unknown:
-        raise KeyFileError(f"{where}: unknown top-level entries {unknown}; expected only [keys.<id>] tables")
-    tables = document.get("keys", {})
-    if not isinstance(tables, Mapping):
-        raise KeyFileError(f"{where}: 'keys' must be a table of [keys.<id>] tables, got {type(tables).__name__}")
-    return {str(key_id): _entry(str(key_id), table, f"{where}, key '{key_id}'") for key_id, table in tables.items()}
+        raise KeyFileError(
+            f"{where}: unknown top-level entries {unknown}; expected only [keys.<id>] and [admins.<id>] tables"
+        )
+    keys = {str(key_id): _entry(str(key_id), table, f"{where}, key '{key_id}'")
+            for key_id, table in _tables(document, "keys", where).items()}
+    admins = {str(admin_id): _admin(str(admin_id), table, f"{where}, admin token '{admin_id}'")
+              for admin_id, table in _tables(document, "admins", where).items()}
+    both = sorted(set(keys) & set(admins))
+    if both:
+        raise KeyFileError(f"{where}: the id {both[0]!r} names an API key and an admin token; ids must be unique")
+    return KeyFile(keys, admins)
 
 
-def render(entries: Mapping[str, KeyEntry], path: Path) -> str:
-    """The file's text for ``entries``, in the format ``path``'s suffix names."""
+def render(entries: Mapping[str, KeyEntry], path: Path, admins: Mapping[str, AdminEntry] | None = None) -> str:
+    """The file's text for ``entries`` (and ``admins``), in the format ``path``'s suffix names."""
+    admins = admins or {}
     if path.suffix.lower() == ".toml":
-        return _HEADER + "".join(_toml_table(entry) for entry in entries.values())
+        tables = [_toml_table("keys", entry.id, _plain(entry)) for entry in entries.values()]
+        tables += [_toml_table("admins", admin.id, _plain_admin(admin)) for admin in admins.values()]
+        return _HEADER + "".join(tables)
     yaml = _yaml(path)
-    document = {"keys": {entry.id: _plain(entry) for entry in entries.values()}}
+    document: dict[str, Any] = {"keys": {entry.id: _plain(entry) for entry in entries.values()}}
+    if admins:
+        document["admins"] = {admin.id: _plain_admin(admin) for admin in admins.values()}
     return _HEADER + str(yaml.safe_dump(document, sort_keys=False, default_flow_style=False))
 
 
-def write_entries(path: Path, entries: Mapping[str, KeyEntry]) -> None:
+def write_entries(path: Path, entries: Mapping[str, KeyEntry], admins: Mapping[str, AdminEntry] | None = None) -> None:
     """Replaces the file whole (a temporary file beside it, fsync, rename; mode 0600, as mkstemp makes it): the
     gateway reading it at any moment sees either the old file or the new one, never a part."""
-    replace_file(path, render(entries, path).encode("utf-8"))
+    replace_file(path, render(entries, path, admins).encode("utf-8"))
     fsync_folder(path.parent)  # the rename itself survives a crash
 
 
-def _entry(key_id: str, table: Any, where: str) -> KeyEntry:
-    if not ID_PATTERN.fullmatch(key_id):
+def write_file(path: Path, file: KeyFile) -> None:
+    write_entries(path, file.keys, file.admins)
+
+
+def _tables(document: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any]:
+    tables = document.get(name, {})
+    if not isinstance(tables, Mapping):
+        raise KeyFileError(f"{where}: '{name}' must be a table of [{name}.<id>] tables, got {type(tables).__name__}")
+    return tables
+
+
+def _checked_table(entry_id: str, table: Any, where: str, fields: frozenset[str]) -> Mapping[str, Any]:
+    """``table`` once its id is well formed and it is a table of known ``fields`` only."""
+    if not ID_PATTERN.fullmatch(entry_id):
         raise KeyFileError(f"{where}: the id must be 1-64 of A-Z a-z 0-9 - (no '_': it ends the id in a key)")
     if not isinstance(table, Mapping):
-        raise KeyFileError(f"{where}: expected a table with 'secrets' and 'models', got {type(table).__name__}")
-    unknown = sorted(set(table) - _FIELDS)
+        raise KeyFileError(f"{where}: expected a table with 'secrets' and more, got {type(table).__name__}")
+    unknown = sorted(set(table) - fields)
     if unknown:
-        raise KeyFileError(f"{where}: unknown fields {unknown}; expected {sorted(_FIELDS)}")
+        raise KeyFileError(f"{where}: unknown fields {unknown}; expected {sorted(fields)}")
+    return table
+
+
+def _entry(key_id: str, raw: Any, where: str) -> KeyEntry:
+    table = _checked_table(key_id, raw, where, _FIELDS)
     tenant = table.get("tenant", key_id)
     if not isinstance(tenant, str) or not TENANT_PATTERN.fullmatch(tenant):
         raise KeyFileError(f"{where}: 'tenant' must be 1-64 of A-Z a-z 0-9 _ . - (got {tenant!r})")
     secrets_, models = _secrets(table.get("secrets"), where), _models(table.get("models", []), where)
-    return KeyEntry(key_id, secrets_, models, _expiry(table.get("expires"), where), tenant)
+    rps = _number(table.get("rps"), "rps", where, whole=False)
+    burst = _whole(_number(table.get("burst"), "burst", where, whole=True))
+    if burst is not None and rps is None:
+        raise KeyFileError(f"{where}: 'burst' needs an 'rps' beside it")
+    concurrency = _whole(_number(table.get("concurrency"), "concurrency", where, whole=True))
+    expires = _expiry(table.get("expires"), where)
+    return KeyEntry(key_id, secrets_, models, expires, tenant, rps=rps, burst=burst, concurrency=concurrency)
+
+
+def _admin(admin_id: str, raw: Any, where: str) -> AdminEntry:
+    table = _checked_table(admin_id, raw, where, _ADMIN_FIELDS)
+    role = table.get("role")
+    if role not in ROLES:
+        raise KeyFileError(f"{where}: 'role' must be one of {', '.join(ROLES)} (got {role!r})")
+    return AdminEntry(admin_id, _secrets(table.get("secrets"), where), str(role), _expiry(table.get("expires"), where))
+
+
+def _whole(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _number(value: Any, name: str, where: str, *, whole: bool) -> float | None:
+    """An optional limit: a number above 0 (a whole one for ``whole``); bool is refused (``rps = true`` is a
+    mistake, not 1)."""
+    if value is None:
+        return None
+    kinds = (int,) if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or value <= 0:
+        expected = "a whole number >= 1" if whole else "a number of requests per second > 0"
+        raise KeyFileError(f"{where}: '{name}' must be {expected}, got {value!r}")
+    return float(value)
 
 
 def _secrets(value: Any, where: str) -> tuple[str, ...]:
@@ -245,11 +365,23 @@ def _plain(entry: KeyEntry) -> dict[str, Any]:
         found["expires"] = entry.expires.isoformat()
     if entry.tenant != entry.id:
         found["tenant"] = entry.tenant
+    if entry.rps is not None:
+        found["rps"] = entry.rps
+    for name in ("burst", "concurrency"):
+        if getattr(entry, name) is not None:
+            found[name] = int(getattr(entry, name))
     return found
 
 
-def _toml_table(entry: KeyEntry) -> str:
-    # JSON strings and arrays of strings are valid TOML basic strings and arrays: no TOML writer is needed.
-    lines = [f"\n[keys.{entry.id}]"]
-    lines += [f"{name} = {json.dumps(value)}" for name, value in _plain(entry).items()]
+def _plain_admin(admin: AdminEntry) -> dict[str, Any]:
+    found: dict[str, Any] = {"secrets": list(admin.secrets), "role": admin.role}
+    if admin.expires is not None:
+        found["expires"] = admin.expires.isoformat()
+    return found
+
+
+def _toml_table(kind: str, entry_id: str, fields: Mapping[str, Any]) -> str:
+    # JSON strings, numbers and arrays of strings are valid TOML values: no TOML writer is needed.
+    lines = [f"\n[{kind}.{entry_id}]"]
+    lines += [f"{name} = {json.dumps(value)}" for name, value in fields.items()]
     return "\n".join(lines) + "\n"

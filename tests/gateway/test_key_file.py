@@ -15,7 +15,15 @@ from typer.testing import CliRunner
 from services.cli import app
 from services.gateway.errors import Unauthorized
 from services.gateway.shaping.keys import UNKNOWN, ApiKeys, ModelForbidden
-from services.keyfile.format import KeyEntry, hash_secret, load_entries, presented_key, write_entries
+from services.keyfile.format import (
+    KeyEntry,
+    KeyFileError,
+    hash_secret,
+    load_entries,
+    load_file,
+    presented_key,
+    write_entries,
+)
 
 NO_ENVIRONMENT: dict[str, str | None] = {"SWITCHYARD_API_KEYS_FILE": None}
 EXPIRY = datetime(2030, 1, 1, tzinfo=UTC)
@@ -111,7 +119,7 @@ def test_keys_commands_name_the_problem_when_asked_for_what_cannot_be(tmp_path: 
     for args, complaint in [
         (["add", "team-a", "--file", str(path), "--models", "mlp"], "has a key 'team-a' already"),
         (["revoke", "team-a", "--secret", "old", "--file", str(path)], "has one secret"),
-        (["revoke", "team-b", "--file", str(path)], "has no key 'team-b'"),
+        (["revoke", "team-b", "--file", str(path)], "has no key or admin token 'team-b'"),
     ]:
         result = CliRunner().invoke(app, ["keys", *args], env=NO_ENVIRONMENT)
         assert result.exit_code == 2, (args, result.output)
@@ -204,3 +212,62 @@ def test_yaml_keys_file_holds_the_same_keys_as_toml(tmp_path: Path) -> None:
     assert load_entries(path) == {"team-a": entry}
     assert gateway_keys(path).authenticate(presented_key("team-a", "s3cret-a")) == "acme"
     assert "s3cret-a" not in path.read_text()
+
+
+def test_keys_add_with_a_role_writes_an_admin_token_that_rotates_and_revokes_like_a_key(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    keys("add", "team-a", "--models", "mlp", "--file", str(path))
+    token = last_line(keys("add", "oncall", "--role", "operator", "--file", str(path)))
+    viewer = last_line(keys("add", "viewer", "--role", "read-only", "--file", str(path)))
+    gateway = gateway_keys(path, Clock(1000.0))
+
+    assert token.startswith("sya_oncall_")
+    assert token not in path.read_text()
+    assert token.split("_", 2)[2] not in path.read_text()
+    found = load_file(path)
+    assert set(found.keys) == {"team-a"}
+    assert {admin.id: admin.role for admin in found.admins.values()} == {"oncall": "operator", "viewer": "read-only"}
+    assert gateway.admin(token) == found.admins["oncall"]
+    assert gateway.admin(viewer) == found.admins["viewer"]
+    assert gateway.admin(token.replace("sya_", "sy_")) is None  # an admin token is no API key, and the reverse
+    with pytest.raises(Unauthorized):
+        gateway.authenticate(token)
+
+    rotated = last_line(keys("rotate", "oncall", "--file", str(path)))
+    assert rotated.startswith("sya_oncall_")
+    assert len(load_file(path).admins["oncall"].secrets) == 2
+    keys("revoke", "oncall", "--file", str(path))
+    assert set(load_file(path).admins) == {"viewer"}
+    assert set(load_file(path).keys) == {"team-a"}  # the API keys are untouched by the admin token's changes
+
+
+def test_keys_add_writes_a_keys_own_limits_and_refuses_them_on_an_admin_token(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    keys("add", "team-a", "--models", "mlp", "--rps", "2.5", "--burst", "5", "--concurrency", "3", "--file", str(path))
+    entry = load_entries(path)["team-a"]
+    assert (entry.rps, entry.burst, entry.concurrency) == (2.5, 5, 3)
+    for args, complaint in [
+        (["add", "ops", "--role", "operator", "--models", "mlp", "--file", str(path)], "--models apply to API keys"),
+        (["add", "team-b", "--models", "mlp", "--burst", "5", "--file", str(path)], "--burst needs --rps"),
+        (["add", "team-a", "--role", "read-only", "--file", str(path)], "has a key 'team-a' already"),
+    ]:
+        result = CliRunner().invoke(app, ["keys", *args], env=NO_ENVIRONMENT)
+        assert result.exit_code == 2, (args, result.output)
+        assert complaint in result.stderr, (args, result.output)
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("[admins.ops]\nsecrets = ['{h}']\nrole = 'root'\n", "'role' must be one of read-only, operator"),
+        ("[keys.a]\nsecrets = ['{h}']\nrps = 0\n", "'rps' must be a number of requests per second > 0"),
+        ("[keys.a]\nsecrets = ['{h}']\nconcurrency = 1.5\n", "'concurrency' must be a whole number >= 1"),
+        ("[keys.a]\nsecrets = ['{h}']\nburst = 3\n", "'burst' needs an 'rps' beside it"),
+        ("[keys.a]\nsecrets = ['{h}']\n[admins.a]\nsecrets = ['{h}']\nrole = 'operator'\n", "ids must be unique"),
+    ],
+)
+def test_a_keys_file_with_a_bad_limit_or_role_is_refused_naming_it(tmp_path: Path, text: str, complaint: str) -> None:
+    path = tmp_path / "keys.toml"
+    path.write_text(text.replace("{h}", hash_secret("x")))
+    with pytest.raises(KeyFileError, match=complaint):
+        load_file(path)

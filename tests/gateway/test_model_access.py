@@ -4,19 +4,16 @@ metadata and statistics show only its models."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import grpc
-import httpx
 import pytest
-from asgi_lifespan import LifespanManager
+from app_clients import Clients, both_protocols
 from prometheus_client import CollectorRegistry
 from scripted_backend import ScriptedBackend
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 
-from services.gateway.app import create_app
 from services.gateway.settings import Settings
 from services.keyfile.format import KeyEntry, hash_secret, presented_key, write_entries
 
@@ -36,19 +33,10 @@ def keys_file(tmp_path: Path) -> Path:
     return path
 
 
-@asynccontextmanager
-async def gateway(
+def gateway(
     backend: ScriptedBackend, registry: CollectorRegistry, settings: Settings, tmp_path: Path
-) -> AsyncIterator[tuple[httpx.AsyncClient, service_pb2_grpc.GRPCInferenceServiceStub]]:
-    changes = {"api_keys_file": keys_file(tmp_path), "protect_metadata": True, "grpc_port": 0}
-    app = create_app(settings.model_copy(update=changes), backend=backend, registry=registry)
-    async with LifespanManager(app) as manager:
-        transport = httpx.ASGITransport(app=manager.app)
-        async with (
-            httpx.AsyncClient(transport=transport, base_url="http://gateway") as http,
-            grpc.aio.insecure_channel(f"127.0.0.1:{app.state.grpc_port}") as channel,
-        ):
-            yield http, service_pb2_grpc.GRPCInferenceServiceStub(channel)
+) -> AbstractAsyncContextManager[Clients]:
+    return both_protocols(backend, settings, registry, api_keys_file=keys_file(tmp_path), protect_metadata=True)
 
 
 def count(registry: CollectorRegistry, name: str, labels: dict[str, str]) -> float:

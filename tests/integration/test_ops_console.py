@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +18,9 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from services.inferlog.format import FORMAT
+from services.keyfile.format import AdminEntry, hash_secret, presented_admin_token, write_entries
 from tests.console_support import PHONE, TOKEN, BackgroundLoad, ConsolePage, admin, chromium, console_page, mlp_body
-from tests.gateway_process import GatewayProcess, gateway_on_copy
+from tests.gateway_process import GatewayProcess, gateway_on_copy, gateway_process
 from tests.system_tools import require_tool
 from tests.waiting import wait_until
 
@@ -374,3 +376,34 @@ def test_console_shows_the_last_replay_check_when_an_activation_was_refused_by_i
     expect(line).to_contain_text("Replay check of v1")
     expect(line).to_contain_text("refused; 5 of 5 logged requests compared, 5 differing")
     expect(console.field("mlp", "stable")).to_have_text("v2")
+
+
+def test_console_offers_a_read_only_token_no_action_and_an_operator_every_one(
+    browser: Browser, repository: Path, tmp_path: Path
+) -> None:
+    """Tokens of the keys file: a read-only one sees the models and their figures, and no form or version button
+    (the API would refuse them with 403); an operator's sees them all. Who is signed in is shown beside sign-out."""
+    keys_file = tmp_path / "keys.toml"
+    viewer, oncall = (presented_admin_token(name, f"secret-of-{name}") for name in ("viewer", "oncall"))
+    write_entries(keys_file, {}, {
+        "viewer": AdminEntry("viewer", (hash_secret("secret-of-viewer"),), "read-only"),
+        "oncall": AdminEntry("oncall", (hash_secret("secret-of-oncall"),), "operator"),
+    })
+    shutil.copytree(repository / "mlp", tmp_path / "repository" / "mlp")
+    with (
+        gateway_process(tmp_path / "repository", tmp_path, token=TOKEN, api_keys_file=str(keys_file)) as gateway,
+        console_page(browser, f"http://{gateway.http_url}") as console,
+    ):
+        console.open_link(viewer)
+        card = console.model("mlp")
+        expect(card.locator('tr[data-version="2"] [data-field="state"]')).to_have_text("READY")
+        expect(console.page.locator("#caller")).to_have_text("admin:viewer (read-only)")
+        expect(card.get_by_role("button")).to_have_count(0)
+        expect(card.locator("form")).to_have_count(0)
+
+        console.page.get_by_role("button", name="Sign out").click()
+        console.open_link(oncall)
+        expect(console.page.locator("#caller")).to_have_text("admin:oncall (operator)")
+        expect(card.get_by_role("button", name="Activate version 1 of mlp")).to_be_visible()
+        expect(card.get_by_role("button", name="Set canary")).to_be_visible()
+        assert console.problems == []

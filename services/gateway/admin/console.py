@@ -104,7 +104,7 @@ class Console:
             step_s = whole_number(request.query_params.get("step"), "step", default=2, most=MAX_STEP_S)
             return self._figures(model, minutes, step_s)
 
-        return await _answer(self._auth, request, figures)
+        return await _answer(self._auth, request, figures, operator=False)
 
     async def compare(self, request: Request) -> Response:
         """What an activation's ``compare`` step would report now: the same warm-up samples on a loaded version and
@@ -152,10 +152,13 @@ class Console:
         return Response(asset.body, media_type=asset.media_type, headers={**SECURITY_HEADERS, **headers})
 
 
-async def _answer(auth: AdminAuth, request: Request, action: Callable[[], Awaitable[dict[str, Any]]]) -> Response:
-    """The admin API's answer: the token checked first, every error as the admin API answers it."""
+async def _answer(
+    auth: AdminAuth, request: Request, action: Callable[[], Awaitable[dict[str, Any]]], *, operator: bool = True
+) -> Response:
+    """The admin API's answer: the token checked first (``operator``: not a read-only one; a comparison runs the
+    versions, so it needs an operator), every error as the admin API answers it."""
     try:
-        auth.check(request)
+        auth.check(request, operator=operator)
         return JSONBytesResponse(await action())
     except GatewayError as exc:
         return admin_error_response(request, exc)

@@ -46,10 +46,21 @@ class AdminEndpoints:
         self._max_body = settings.max_body_bytes
 
     async def models(self, request: Request) -> Response:
-        return await self._answer(request, lambda actor: _ready(overview(self._manager)))
+        return await self._answer(request, lambda actor: _ready(overview(self._manager)), operator=False)
 
     async def model(self, request: Request) -> Response:
-        return await self._answer(request, lambda actor: _ready(model_status(self._manager, _model(request))))
+        async def status(actor: str) -> Any:
+            return model_status(self._manager, _model(request))
+
+        return await self._answer(request, status, operator=False)
+
+    async def whoami(self, request: Request) -> Response:
+        """The caller's actor (as the audit log names it) and role: what the console may offer it."""
+        try:
+            caller = self._auth.identify(request.headers.get("authorization"))
+        except GatewayError as exc:
+            return admin_error_response(request, exc)
+        return JSONBytesResponse({"actor": caller.actor, "role": caller.role})
 
     async def activate(self, request: Request) -> Response:
         async def act(actor: str) -> Any:
@@ -125,7 +136,7 @@ class AdminEndpoints:
             limit = whole_number(request.query_params.get("limit"), "limit", default=100, most=MAX_EVENTS)
             return {"events": [event.to_json() for event in await self._manager.store.events(model, limit)]}
 
-        return await self._answer(request, act)
+        return await self._answer(request, act, operator=False)
 
     async def scan(self, request: Request) -> Response:
         return await self._answer(request, lambda actor: self._manager.scan(actor=actor))
@@ -147,16 +158,22 @@ class AdminEndpoints:
         return response
 
     async def tune_status(self, request: Request) -> Response:
-        return await self._answer(request, lambda actor: _ready(self._tuning().status(_model(request)).to_json()))
+        async def status(actor: str) -> Any:
+            return self._tuning().status(_model(request)).to_json()
+
+        return await self._answer(request, status, operator=False)
 
     def _tuning(self) -> TuneService:
         if self._tuner is None:
             raise GatewayError("tuning is not available in this gateway", 503)
         return self._tuner
 
-    async def _answer(self, request: Request, action: Callable[[str], Awaitable[Any]]) -> Response:
+    async def _answer(
+        self, request: Request, action: Callable[[str], Awaitable[Any]], *, operator: bool = True
+    ) -> Response:
+        """``operator``: the call changes something (a read-only admin token gets 403)."""
         try:
-            actor = self._auth.check(request)
+            actor = self._auth.check(request, operator=operator)
             return JSONBytesResponse(await action(actor))
         except GatewayError as exc:
             return admin_error_response(request, exc)

@@ -10,6 +10,7 @@ from services.gateway.rest.route_table import add_route_table
 
 def add_admin_routes(app: FastAPI, endpoints: AdminEndpoints) -> None:
     add_route_table(app, [
+        ("/admin/whoami", endpoints.whoami, "GET"),
         ("/admin/models", endpoints.models, "GET"),
         ("/admin/models/{model_name}", endpoints.model, "GET"),
         ("/admin/models/{model_name}/events", endpoints.events, "GET"),

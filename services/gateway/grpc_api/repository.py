@@ -28,7 +28,7 @@ class RepositoryService:
     async def index(self, request: Any, metadata: Lookup, visible_models: VisibleModels) -> Any:
         """``visible_models``: the shaper's check of the caller's API key, if it sent one (after the token's): the
         index shows only the models that key may see."""
-        self._api.authorize(metadata("authorization"))
+        self._api.authorize(metadata("authorization"), operator=False)
         visible = visible_models(metadata("x-api-key"))
         found = self._api.index(ready_only=bool(request.ready), visible=visible)
         entries = [

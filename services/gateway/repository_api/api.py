@@ -34,9 +34,10 @@ class RepositoryApi:
         self.forward: Forward | None = None
         """Set on a worker that hands its actions to worker 0 (``serve --workers N``); checked here first."""
 
-    def authorize(self, authorization: str | None) -> str:
-        """The caller's name for the audit log; 401 / 403 when it may not call the repository API."""
-        return self._auth.check(authorization)
+    def authorize(self, authorization: str | None, *, operator: bool = True) -> str:
+        """The caller's name for the audit log; 401 / 403 when it may not call the repository API (``operator``:
+        a load or unload, which a read-only admin token may not ask for)."""
+        return self._auth.check(authorization, operator=operator)
 
     def index(self, *, ready_only: bool, visible: Callable[[str], bool] = lambda model: True) -> list[IndexEntry]:
         """``visible``: the models the caller's API key may see; the others are left out as if absent."""

@@ -18,14 +18,18 @@ class RepositoryAuth:
         self._admin = admin
         self._open = open_api
 
-    def check(self, authorization: str | None) -> str:
+    def check(self, authorization: str | None, *, operator: bool = True) -> str:
         """The actor for the audit log, from the ``Authorization`` header (HTTP) or ``authorization`` metadata (gRPC);
-        ``Unauthorized`` (401) without a bearer token, ``Forbidden`` (403) with a wrong one or none configured."""
+        ``Unauthorized`` (401) without a bearer token, ``Forbidden`` (403) with a wrong one or none configured, or
+        with a read-only admin token where ``operator`` is needed (load, unload; the index is read-only)."""
         if self._open:
             return ACTOR
         if not self._admin.enabled:
-            raise Forbidden("the repository API needs SWITCHYARD_ADMIN_TOKEN or SWITCHYARD_REPOSITORY_API_OPEN=true")
+            raise Forbidden(
+                "the repository API needs SWITCHYARD_ADMIN_TOKEN, an admin token in the keys file, or "
+                "SWITCHYARD_REPOSITORY_API_OPEN=true"
+            )
         try:
-            return f"{ACTOR} ({self._admin.verify(authorization, 'the repository API')})"
+            return f"{ACTOR} ({self._admin.verify(authorization, 'the repository API', operator=operator)})"
         except Unauthorized as exc:
             raise Unauthorized(str(exc), headers=_CHALLENGE) from None

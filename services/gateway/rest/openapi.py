@@ -264,7 +264,7 @@ def _admin(operation: str, summary: str, ok: str, statuses: tuple[str, ...], *, 
     responses: Json = {
         "200": _json(summary + ".", model=ok),
         "401": _json("No bearer token.", "WWW-Authenticate", model="AdminError"),
-        "403": _json("Wrong token, or the admin API is off.", model="AdminError"),
+        "403": _json("Wrong token, a read-only token on an action, or the admin API is off.", model="AdminError"),
     }
     responses.update({status: _json(meanings[status], model="AdminError") for status in statuses})
     spec: Json = {"tags": ["admin"], "operationId": operation, "summary": summary, "security": _ADMIN,
@@ -281,6 +281,8 @@ def _admin_paths() -> Json:
     action = ("400", "404", "409", "422", "503")
     versioned = ("model_name", "model_version")
     return {
+        "/admin/whoami": {"get": _admin("adminWhoami", "The caller's role and audit-log name", "AdminCaller", (),
+                                        parameters=())},
         "/admin/models": {"get": _admin("adminModels", "Every model's routing and versions", "AdminModels", (),
                                         parameters=())},
         model: {"get": _admin("adminModel", "One model's status", "AdminModel", ("404",))},

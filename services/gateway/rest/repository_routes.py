@@ -35,7 +35,7 @@ class RepositoryEndpoints:
             visible = request.app.state.dataplane.shaper.visible_models(request.headers.get("x-api-key"))
             return [entry.to_json() for entry in self._api.index(ready_only=ready, visible=visible)]
 
-        return await self._answer(request, call)
+        return await self._answer(request, call, operator=False)
 
     async def load(self, request: Request) -> Response:
         async def call(actor: str) -> Any:
@@ -51,10 +51,12 @@ class RepositoryEndpoints:
 
         return await self._answer(request, call)
 
-    async def _answer(self, request: Request, call: Callable[[str], Awaitable[Any]]) -> Response:
+    async def _answer(
+        self, request: Request, call: Callable[[str], Awaitable[Any]], *, operator: bool = True
+    ) -> Response:
         """The v2 error shape for every refusal; a load or unload answers its report (Triton answers nothing)."""
         try:
-            actor = self._api.authorize(request.headers.get("authorization"))
+            actor = self._api.authorize(request.headers.get("authorization"), operator=operator)
             return JSONBytesResponse(await call(actor))
         except GatewayError as exc:
             return gateway_error_response(exc)

@@ -197,6 +197,13 @@ class AdminModels(_Closed):
     models: list[AdminModelSummary]
 
 
+class AdminCaller(_Closed):
+    actor: str
+    """How the audit log names the caller: ``admin:<id>`` for a keys-file token, ``token:<fingerprint>`` for
+    SWITCHYARD_ADMIN_TOKEN."""
+    role: Literal["read-only", "operator"]
+
+
 class LoadedVersion(_Open):
     version: int
     state: Literal["LOADING", "READY", "UNAVAILABLE"]
@@ -322,6 +329,7 @@ RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
     ModelConfig,
     AdminError,
     AdminModels,
+    AdminCaller,
     AdminModel,
     AdminEvents,
     AdminReport,

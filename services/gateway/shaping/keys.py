@@ -19,7 +19,16 @@ from pydantic import SecretStr
 
 from services.gateway.errors import Forbidden, Unauthorized
 from services.gateway.settings import Settings
-from services.keyfile.format import KeyEntry, KeyFileError, is_structured, load_entries, split_presented
+from services.gateway.shaping.limits import Limit
+from services.keyfile.format import (
+    ADMIN_PREFIX,
+    AdminEntry,
+    KeyEntry,
+    KeyFileError,
+    is_structured,
+    load_file,
+    split_presented,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +58,25 @@ class ModelForbidden(Forbidden):
 
 @dataclass(frozen=True, slots=True)
 class Access:
-    """What a verified key may do: its tenant, and the models it may call (``None``: every model)."""
+    """What a verified key may do: its tenant, the models it may call (``None``: every model) and its own limits."""
 
     tenant: str
-    models: KeyEntry | None = None
+    entry: KeyEntry | None = None
     """The structured file's entry, whose ``may_call`` decides; None for the line format and anonymous callers."""
+    limit: Limit | None = None
+    """The key's own rate-limit bucket (``rps`` / ``burst`` in the keys file); None: its tenant's rules."""
+
+    @classmethod
+    def of(cls, entry: KeyEntry) -> Access:
+        limit = None if entry.rps is None else Limit.of(entry.rps, entry.burst)
+        return cls(entry.tenant, entry, limit)
+
+    @property
+    def key_id(self) -> str | None:
+        return self.entry.id if self.entry is not None else None
 
     def may_call(self, model: str) -> bool:
-        return self.models is None or self.models.may_call(model)
+        return self.entry is None or self.entry.may_call(model)
 
     def check(self, model: str) -> None:
         if not self.may_call(model):
@@ -73,9 +93,13 @@ class _Snapshot:
     """The file's (inode, mtime, size) when it was parsed; None without a file."""
     entries: Mapping[str, KeyEntry] = field(default_factory=lambda: MappingProxyType({}))
     """The structured file's keys, by id."""
-    verified: dict[bytes, KeyEntry] = field(default_factory=dict)
+    admins: Mapping[str, AdminEntry] = field(default_factory=lambda: MappingProxyType({}))
+    """The structured file's admin-API tokens, by id."""
+    verified: dict[bytes, Access] = field(default_factory=dict)
     """Structured keys verified against this version of the file, by the presented key's sha256: their scrypt
     hash is computed once per file version, not once per request. Dropped with the snapshot when the file changes."""
+    admins_verified: dict[bytes, AdminEntry] = field(default_factory=dict)
+    """Admin tokens verified against this version of the file, by the presented token's sha256."""
     expiry_logged: set[str] = field(default_factory=set)
 
 
@@ -170,24 +194,61 @@ class ApiKeys:
         tenant = snapshot.tenants_by_digest.get(digest)
         if tenant is not None:
             return Access(tenant)
-        entry = snapshot.verified.get(digest) or self._verify(snapshot, key, digest)
-        if entry.expired(datetime.fromtimestamp(self._wall(), UTC)):
+        access = snapshot.verified.get(digest) or self._verify(snapshot, key, digest)
+        entry = access.entry
+        if entry is not None and entry.expired(datetime.fromtimestamp(self._wall(), UTC)):
             if entry.id not in snapshot.expiry_logged:  # once per key and file version, not once per request
                 snapshot.expiry_logged.add(entry.id)
                 log.warning("refused API key id '%s': key expired at %s", entry.id, entry.expires)
             raise Unauthorized(UNKNOWN)  # the client learns no more than for a key that never was
-        return Access(entry.tenant, entry)
+        return access
 
     @staticmethod
-    def _verify(snapshot: _Snapshot, key: str, digest: bytes) -> KeyEntry:
-        """A structured key's entry once its secret matches one of the id's hashes (only that id's: O(1))."""
+    def _verify(snapshot: _Snapshot, key: str, digest: bytes) -> Access:
+        """A structured key's access once its secret matches one of the id's hashes (only that id's: O(1))."""
         parts = split_presented(key)
         entry = snapshot.entries.get(parts[0]) if parts is not None else None
         if parts is None or entry is None or not entry.matches(parts[1]):
             raise Unauthorized(UNKNOWN)
         if len(snapshot.verified) >= MAX_VERIFIED:
             snapshot.verified.clear()
-        snapshot.verified[digest] = entry
+        access = snapshot.verified[digest] = Access.of(entry)
+        return access
+
+    def known_id(self, key: str | None) -> str | None:
+        """The keys file's id that ``key`` names (``sy_<id>_...``), whatever its secret; None when it names none. For
+        counting refusals by key id: an id is a label only when the file has it."""
+        parts = split_presented(key) if key else None
+        return parts[0] if parts is not None and parts[0] in self._snapshot.entries else None
+
+    @property
+    def structured(self) -> bool:
+        """Whether a structured keys file is configured: the one place admin tokens other than
+        ``SWITCHYARD_ADMIN_TOKEN`` can come from (it may gain some at any reload)."""
+        return self._path is not None and is_structured(self._path)
+
+    def admin(self, token: str) -> AdminEntry | None:
+        """The keys file's admin token that ``token`` (``sya_<id>_<secret>``) presents; None for anything else, an
+        expired token included (logged once per id and file version)."""
+        self._refresh()
+        parts = split_presented(token, ADMIN_PREFIX)
+        if parts is None:
+            return None
+        snapshot = self._snapshot
+        digest = _digest(token)
+        entry = snapshot.admins_verified.get(digest)
+        if entry is None:
+            candidate = snapshot.admins.get(parts[0])
+            if candidate is None or not candidate.matches(parts[1]):
+                return None
+            if len(snapshot.admins_verified) >= MAX_VERIFIED:
+                snapshot.admins_verified.clear()
+            entry = snapshot.admins_verified[digest] = candidate
+        if entry.expired(datetime.fromtimestamp(self._wall(), UTC)):
+            if entry.id not in snapshot.expiry_logged:
+                snapshot.expiry_logged.add(entry.id)
+                log.warning("refused admin token id '%s': token expired at %s", entry.id, entry.expires)
+            return None
         return entry
 
     def tenants(self) -> frozenset[str]:
@@ -206,10 +267,11 @@ class ApiKeys:
             _parse(_file_entries(self._path), found)
             return _Snapshot(MappingProxyType(found), signature)
         try:
-            entries = load_entries(self._path)
+            loaded = load_file(self._path)
         except KeyFileError as exc:
             raise ApiKeysError(str(exc)) from None
-        return _Snapshot(MappingProxyType(found), signature, MappingProxyType(entries))
+        keys, admins = MappingProxyType(dict(loaded.keys)), MappingProxyType(dict(loaded.admins))
+        return _Snapshot(MappingProxyType(found), signature, keys, admins)
 
     def _refresh(self) -> None:
         now = self._clock()
@@ -237,7 +299,9 @@ class ApiKeys:
             log.info("reloaded the API keys from %s: %d keys, %d tenants", self._path, len(self), len(self.tenants()))
 
     def __len__(self) -> int:
-        return len(self._snapshot.tenants_by_digest) + len(self._snapshot.entries)
+        """Keys and admin tokens."""
+        snapshot = self._snapshot
+        return len(snapshot.tenants_by_digest) + len(snapshot.entries) + len(snapshot.admins)
 
 
 def build_api_keys(settings: Settings) -> ApiKeys:

@@ -13,9 +13,10 @@ The file (``SWITCHYARD_LIMITS_FILE``; every table and key is optional)::
     [tenants.acme.models.classifier]   # one tenant on one model
     rps = 100
 
-Each request draws from ONE bucket, chosen by the most specific rule: tenant + model, then model, then tenant, then
-default. A model rule (of either kind) gives a bucket per (tenant, model) that replaces the tenant's bucket for that
-model, so calls to it do not count against the tenant's other traffic. ``rps = 0`` makes a rule unlimited (e.g. an
+Each request draws from ONE bucket, chosen by the most specific rule: tenant + model, then model, then the API key's
+own ``rps`` (the keys file), then tenant, then default. A model rule (of either kind) gives a bucket per (tenant,
+model) that replaces the tenant's bucket for that model, so calls to it do not count against the tenant's other
+traffic. ``rps = 0`` makes a rule unlimited (e.g. an
 internal tenant). Bucket keys are built only from configured names: a model without a rule shares its tenant's
 bucket, so a client cannot create buckets by inventing model names; tenants must come from ``ApiKeys``.
 """
@@ -57,9 +58,16 @@ class Limit:
         return cls(rps, burst or max(1, math.ceil(rps)))
 
 
+KeyLimit = tuple[str, Limit]
+"""An API key's own limit: (its id, its limit)."""
+
+
 def scope_of(bucket: str) -> str:
-    """Who a bucket key belongs to, for messages: ``tenant 'acme'`` or ``tenant 'acme' on model 'classifier'``."""
+    """Who a bucket key belongs to, for messages: ``tenant 'acme'``, ``tenant 'acme' on model 'classifier'`` or
+    ``API key 'team-a'``."""
     kind, _, rest = bucket.partition(":")
+    if kind == "key":
+        return f"API key '{rest}'"
     tenant, _, model = rest.partition(":")  # tenant names have no ':' (see keys.py); model names may
     return f"tenant '{tenant}' on model '{model}'" if kind == "model" else f"tenant '{rest}'"
 
@@ -87,13 +95,16 @@ class LimitTable:
         rules = [self._default, *self._tenants.values(), *self._models.values(), *self._pairs.values()]
         return any(rule.rps > 0 for rule in rules)
 
-    def lookup(self, tenant: str, model: str) -> tuple[str, Limit] | None:
-        """The bucket key and its limit for a request, or None when it is unlimited."""
+    def lookup(self, tenant: str, model: str, own: KeyLimit | None = None) -> tuple[str, Limit] | None:
+        """The bucket key and its limit for a request, or None when it is unlimited. ``own``: the API key's own
+        limit (the keys file's ``rps``), which takes the place of its tenant's rules but not of a model's."""
         rule = self._pairs.get((tenant, model))
         if rule is None:
             rule = self._models.get(model)
         if rule is not None:
             key = f"model:{tenant}:{model}"
+        elif own is not None:
+            key, rule = f"key:{own[0]}", own[1]
         else:
             rule = self._tenants.get(tenant, self._default)
             key = f"tenant:{tenant}"

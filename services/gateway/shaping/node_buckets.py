@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from services.gateway.shaping.limits import Limit, LimitTable
+from services.gateway.shaping.limits import KeyLimit, Limit, LimitTable
 from services.gateway.shaping.node_share import NodeShare
 from services.gateway.shaping.ratelimit import Decision, decide
 
@@ -23,8 +23,8 @@ class NodeRateLimiter:
         self._share = share
         self._clock = clock
 
-    async def check(self, tenant: str, model: str) -> Decision | None:
-        found = self._table.lookup(tenant, model)
+    async def check(self, tenant: str, model: str, own: KeyLimit | None = None) -> Decision | None:
+        found = self._table.lookup(tenant, model, own)
         return None if found is None else self.take(*found)
 
     def take(self, bucket: str, limit: Limit) -> Decision:

@@ -206,14 +206,15 @@ class NodeShare:
 
 
 class NodeSlots:
-    """One model's executing requests across the node, for ``ModelGate``: a cell per worker, each written only
-    by its worker; the node's count is their sum."""
+    """One model's executing requests across the node, for ``ModelGate`` (or one API key's requests in flight,
+    ``kind="key"``): a cell per worker, each written only by its worker; the node's count is their sum."""
 
     __slots__ = ("_index", "_share")
 
-    def __init__(self, share: NodeShare, model: str) -> None:
+    def __init__(self, share: NodeShare, model: str, *, kind: str = "gate") -> None:
+        """``kind``: what is counted (``gate``: a model's executing requests; ``key``: an API key's in flight)."""
         self._share = share
-        self._index = share.slot(f"gate:{model}")
+        self._index = share.slot(f"{kind}:{model}")
 
     @property
     def executing(self) -> int:

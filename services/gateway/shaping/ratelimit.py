@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from services.gateway.errors import RateLimited
-from services.gateway.shaping.limits import Limit, LimitTable, scope_of
+from services.gateway.shaping.limits import KeyLimit, Limit, LimitTable, scope_of
 
 # Float noise must not turn an exact 2 s into a Retry-After of 3 s.
 _EPSILON = 1e-9
@@ -84,8 +84,8 @@ def decide(bucket: str, limit: Limit, tokens: float, allowed: bool) -> Decision:
 
 
 class RateLimiter(Protocol):
-    async def check(self, tenant: str, model: str) -> Decision | None:
-        """Takes a token for this request; None when no limit applies to it."""
+    async def check(self, tenant: str, model: str, own: KeyLimit | None = None) -> Decision | None:
+        """Takes a token for this request; None when no limit applies to it. ``own``: the API key's own limit."""
         ...
 
     async def close(self) -> None: ...
@@ -100,8 +100,8 @@ class LocalRateLimiter:
         self._buckets: dict[str, tuple[float, float]] = {}
         """Bucket key -> (tokens, when they were counted)."""
 
-    async def check(self, tenant: str, model: str) -> Decision | None:
-        found = self._table.lookup(tenant, model)
+    async def check(self, tenant: str, model: str, own: KeyLimit | None = None) -> Decision | None:
+        found = self._table.lookup(tenant, model, own)
         return None if found is None else self.take(*found)
 
     def take(self, bucket: str, limit: Limit) -> Decision:

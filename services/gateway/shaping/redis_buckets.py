@@ -13,7 +13,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from services.gateway.shaping.limits import LimitTable
+from services.gateway.shaping.limits import KeyLimit, LimitTable
 from services.gateway.shaping.ratelimit import Decision, LocalRateLimiter, decide
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,8 @@ class RedisRateLimiter:
         self._down_until: float | None = None
         """While Redis is out: when to try it again. None while it answers."""
 
-    async def check(self, tenant: str, model: str) -> Decision | None:
-        found = self._table.lookup(tenant, model)
+    async def check(self, tenant: str, model: str, own: KeyLimit | None = None) -> Decision | None:
+        found = self._table.lookup(tenant, model, own)
         if found is None:
             return None
         bucket, limit = found

@@ -11,13 +11,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from services.gateway.errors import PayloadTooLarge
+from services.gateway.errors import GatewayError, PayloadTooLarge, Unauthorized
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import Settings
 from services.gateway.shaping.concurrency import AdaptiveLimit, ModelGate
 from services.gateway.shaping.deadlines import Deadlines, Priorities
+from services.gateway.shaping.key_quota import KeyQuotas, KeySlots
 from services.gateway.shaping.keys import ANONYMOUS, ApiKeys, build_api_keys
-from services.gateway.shaping.limits import LimitTable
+from services.gateway.shaping.limits import KeyLimit, LimitTable
 from services.gateway.shaping.node_buckets import NodeRateLimiter
 from services.gateway.shaping.node_share import NodeShare, NodeSlots
 from services.gateway.shaping.ratelimit import LocalRateLimiter, RateLimiter
@@ -38,6 +39,8 @@ class Admitted:
     tenant: str = ANONYMOUS
     limits: Mapping[str, str] = field(default_factory=dict)
     """The ``X-RateLimit-*`` figures for the answer: REST headers, gRPC trailing metadata."""
+    quota: KeySlots | None = None
+    """The key's requests-in-flight share, when its entry sets ``concurrency``: the dataplane takes it."""
 
 
 class Shaper:
@@ -55,7 +58,9 @@ class Shaper:
         self._metrics = metrics
         self._share = share
         self.keys = keys if keys is not None else build_api_keys(settings)
-        self.limiter = limiter if limiter is not None else build_rate_limiter(settings, share)
+        # A structured keys file may give any key a rate of its own at any reload: its gateway keeps a limiter.
+        self.limiter = limiter if limiter is not None else build_rate_limiter(settings, share, self.keys.structured)
+        self.quotas = KeyQuotas(share, refused=self._key_refused)
         self.protect_metadata = settings.protect_metadata
         self.deadlines = Deadlines(_seconds(settings.default_timeout_ms), _seconds(settings.max_timeout_ms))
         self.priorities = Priorities(settings.priority_levels, settings.default_priority)
@@ -74,12 +79,27 @@ class Shaper:
         ``admitted`` as each passes; raises the refusal."""
         if size is not None:
             self.check_size(size, protocol)
-        if self.keys.enabled:
+        if not self.keys.enabled:
+            if self.limiter is not None:
+                admitted.limits = await self.rate_limit(admitted.tenant, model)
+            return
+        try:
             access = self.keys.identify(api_key)
-            admitted.tenant = access.tenant  # set first: a forbidden call is counted against its tenant
+        except Unauthorized:
+            self._key_refused(self.keys.known_id(api_key), "unauthorized")
+            raise
+        admitted.tenant = access.tenant  # set first: a forbidden call is counted against its tenant
+        entry = access.entry
+        try:
             access.check(model)
-        if self.limiter is not None:
-            admitted.limits = await self.rate_limit(admitted.tenant, model)
+            if self.limiter is not None:
+                own = (entry.id, access.limit) if entry is not None and access.limit is not None else None
+                admitted.limits = await self.rate_limit(admitted.tenant, model, own)
+        except GatewayError as exc:
+            self._key_refused(access.key_id, exc.reason)
+            raise
+        if entry is not None and entry.concurrency is not None:
+            admitted.quota = self.quotas.slots(entry.id, entry.concurrency)
 
     def shape(
         self,
@@ -96,6 +116,7 @@ class Shaper:
         cut to ``max_timeout_ms``; ``default_timeout_ms`` when none is named) and its priority rank (the v2
         ``priority`` parameter, else ``X-Priority`` / ``x-priority``, else ``default_priority``)."""
         request.tenant = admitted.tenant
+        request.quota = admitted.quota
         budget = self.deadlines.budget(request.timeout_s, timeout, call_remaining_s)
         if budget is not None:
             request.budget_s, request.deadline = budget, started + budget
@@ -103,6 +124,10 @@ class Shaper:
             request.priority = self.priorities.rank(request.priority, priority)
         else:
             request.priority = self.priorities.default
+
+    def _key_refused(self, key_id: str | None, reason: str | None) -> None:
+        if key_id is not None and reason is not None and self._metrics is not None:
+            self._metrics.key_rejected.labels(key_id, reason).inc()
 
     def check_size(self, size: int, protocol: str) -> None:
         """The size check alone, for calls that are not inference (repository, shared-memory, metadata)."""
@@ -134,11 +159,12 @@ class Shaper:
             access.check(model)
         return access.may_call
 
-    async def rate_limit(self, tenant: str, model: str) -> Mapping[str, str]:
-        """The ``X-RateLimit-*`` headers for the answer; raises ``RateLimited`` (429) when the bucket is empty."""
+    async def rate_limit(self, tenant: str, model: str, own: KeyLimit | None = None) -> Mapping[str, str]:
+        """The ``X-RateLimit-*`` headers for the answer; raises ``RateLimited`` (429) when the bucket is empty.
+        ``own``: the API key's own limit (its id and limit), from the keys file."""
         if self.limiter is None:
             return NO_HEADERS
-        decision = await self.limiter.check(tenant, model)
+        decision = await self.limiter.check(tenant, model, own)
         if decision is None:
             return NO_HEADERS
         decision.raise_if_refused()
@@ -177,12 +203,15 @@ def _seconds(millis: float) -> float | None:
     return millis / 1e3 if millis > 0 and math.isfinite(millis) else None
 
 
-def build_rate_limiter(settings: Settings, share: NodeShare | None = None) -> RateLimiter | None:
-    """None when no rule limits anything; shared through Redis when ``redis_url`` is set (replicas share their
-    buckets as they share the routing), else by the node's workers (``share``), else per process. Raises
-    ``LimitsError`` on invalid limits."""
+def build_rate_limiter(
+    settings: Settings, share: NodeShare | None = None, keys_may_limit: bool = False
+) -> RateLimiter | None:
+    """None when no rule limits anything (and ``keys_may_limit`` is False: no keys file that could give a key a
+    rate of its own); shared through Redis when ``redis_url`` is set (replicas share their buckets as they share
+    the routing), else by the node's workers (``share``), else per process. Raises ``LimitsError`` on invalid
+    limits."""
     table = LimitTable(settings.rate_limit_rps, settings.rate_limit_burst, settings.limits_file)
-    if not table.limited:
+    if not table.limited and not keys_may_limit:
         return None
     if settings.redis_url is not None:
         return RedisRateLimiter(settings.redis_url, settings.redis_prefix, table)

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import numpy.typing as npt
 
@@ -45,6 +45,15 @@ class ModelMetadata:
     def served_shape(self, spec: TensorSpec) -> list[int]:
         """The shape as the v2 metadata endpoints report it: batch dim -1 first when the model batches."""
         return [-1, *spec.dims] if self.max_batch_size > 0 else list(spec.dims)
+
+
+class Quota(Protocol):
+    """A share the request holds while the dataplane serves it (an API key's requests in flight)."""
+
+    def take(self) -> None:
+        """Raises the refusal (a ``GatewayError``) when the share is used up."""
+
+    def give_back(self) -> None: ...
 
 
 class VersionState(enum.Enum):
@@ -92,6 +101,8 @@ class InferRequest:
     """Requested outputs to answer as their top k classes (the classification extension), by name."""
     output_regions: Mapping[str, RegionSlice] = field(default_factory=dict)
     """Requested outputs the client wants written into its shared memory, by name."""
+    quota: Quota | None = None
+    """The API key's requests-in-flight share (``concurrency`` in the keys file), taken while it is served."""
 
 
 @dataclass(slots=True)

@@ -37,7 +37,10 @@ const state = {
   generation: 0,
   dialogs: 0,
   filter: new URLSearchParams(location.search).get(FILTER_PARAM) || "",
+  caller: null, // {actor, role} of the token (GET /admin/whoami): a read-only one is offered no action
 };
+
+const operator = () => Boolean(state.caller && state.caller.role === "operator");
 
 const $ = (id) => document.getElementById(id);
 const enc = encodeURIComponent;
@@ -221,6 +224,9 @@ function signedOut(message) {
   clearTimeout(state.timer);
   state.generation += 1;
   sessionStorage.removeItem(TOKEN_KEY);
+  state.caller = null;
+  dropCards(); // built for the previous token's role
+  $("caller").textContent = "";
   show("login");
   $("updated").textContent = "";
   $("trouble").textContent = "";
@@ -252,7 +258,7 @@ async function signInWith(presented, missing = "The sign-in link holds no token:
     return;
   }
   try {
-    await api("GET", "/admin/models", undefined, presented);
+    await api("GET", "/admin/whoami", undefined, presented);
   } catch (err) {
     const wrong = err.status === 401 || err.status === 403;
     $("login-error").textContent = `${wrong ? "Sign-in refused" : "Sign-in failed"} — ${err.describe()}`;
@@ -274,6 +280,7 @@ function restart() {
 
 async function tick(generation) {
   try {
+    if (state.caller === null) showCaller(await api("GET", "/admin/whoami"));
     if (state.view === "models") await refreshModels();
     else if (state.view === "events") await refreshEvents();
     // Not a live region: a screen reader hears the failures (#trouble), not a tick every two seconds.
@@ -287,6 +294,19 @@ async function tick(generation) {
     $("trouble").textContent = `Update failed — ${err instanceof ApiError ? err.describe() : err.message}`;
   }
   if (generation === state.generation) state.timer = setTimeout(() => tick(generation), POLL_MS);
+}
+
+/** Who is signed in, beside the sign-out button; the cards are built for the role (no forms or version buttons for
+ * a read-only token: the API would refuse them with 403 anyway). */
+function showCaller(caller) {
+  state.caller = caller;
+  dropCards();
+  $("caller").textContent = `${caller.actor} (${caller.role})`;
+}
+
+function dropCards() {
+  for (const card of state.cards.values()) card.root.remove();
+  state.cards.clear();
 }
 
 // -- models -----------------------------------------------------------------------------------------------------
@@ -426,14 +446,14 @@ function buildCard(name) {
   const live = part("Live figures", "live");
   const versions = part("Versions", "versions");
   const last = part("Last swap", "last");
-  const forms = buildForms(name, id);
+  const forms = operator() ? buildForms(name, id) : null;
   const badge = h("span", { class: "badge" });
   const reasons = h("ul", { class: "reasons", "aria-label": `Why ${name} needs attention`, hidden: true });
   const root = h(
     "article",
     { class: "model", id, "aria-labelledby": `${id}-title`, dataset: { model: name } },
     h("header", {}, h("h3", { id: `${id}-title`, text: name }), badge, reasons),
-    h("div", { class: "grid" }, routing.section, live.section, versions.section, forms.section, last.section),
+    h("div", { class: "grid" }, routing.section, live.section, versions.section, forms ? forms.section : null, last.section),
   );
   return { name, id, root, badge, reasons, routing: routing.body, live: live.body, versions: versions.body, last: last.body, forms };
 }
@@ -576,9 +596,11 @@ function renderCard(card, status, live) {
   replace(card.live, liveTable(card, live, traffic));
   replace(card.versions, versionsTable(card, status));
 
-  syncForms(card.forms, status);
-  card.forms.rollback.disabled = routing.previous === null || routing.previous === undefined;
-  card.forms.rollback.textContent = card.forms.rollback.disabled ? "Roll back (no previous version)" : `Roll back to ${v(routing.previous)}`;
+  if (card.forms) {
+    syncForms(card.forms, status);
+    card.forms.rollback.disabled = routing.previous === null || routing.previous === undefined;
+    card.forms.rollback.textContent = card.forms.rollback.disabled ? "Roll back (no previous version)" : `Roll back to ${v(routing.previous)}`;
+  }
 
   card.status = status;
   const swap = state.swaps.get(card.name);
@@ -630,9 +652,11 @@ function versionsTable(card, status) {
     const act = (verb, handler) =>
       h("button", { type: "button", id: `${card.id}-${verb.toLowerCase()}-${version}`, "aria-label": `${verb} version ${version} of ${card.name}`, onclick: handler }, verb);
     const buttons = [];
-    if (onDisk && version !== routing.stable) buttons.push(act("Activate", () => confirmActivate(card.name, version, routing.stable)));
-    if (onDisk && !row) buttons.push(act("Load", () => confirmLoad(card.name, version, "load")));
-    if (row && version !== routing.stable) buttons.push(act("Unload", () => confirmLoad(card.name, version, "unload")));
+    if (operator()) { // a read-only token is offered no action
+      if (onDisk && version !== routing.stable) buttons.push(act("Activate", () => confirmActivate(card.name, version, routing.stable)));
+      if (onDisk && !row) buttons.push(act("Load", () => confirmLoad(card.name, version, "load")));
+      if (row && version !== routing.stable) buttons.push(act("Unload", () => confirmLoad(card.name, version, "unload")));
+    }
     return h(
       "tr",
       { dataset: { version: String(version) } },
@@ -792,7 +816,7 @@ function confirmActivate(model, version, stable) {
 
 function confirmRollback(model) {
   const card = state.cards.get(model);
-  const previous = card ? card.forms.rollback.textContent.replace("Roll back to ", "") : "the previous version";
+  const previous = card && card.forms ? card.forms.rollback.textContent.replace("Roll back to ", "") : "the previous version";
   confirmAction({
     model,
     title: `Roll back ${model}?`,
