@@ -14,7 +14,13 @@ from typer.testing import CliRunner
 
 from services.cli import app
 from services.gateway.errors import Unauthorized
-from services.gateway.shaping.keys import UNKNOWN, ApiKeys, ModelForbidden
+from services.gateway.shaping.keys import (
+    UNKNOWN,
+    VERIFICATIONS_PER_S,
+    ApiKeys,
+    ModelForbidden,
+    TooManyVerifications,
+)
 from services.keyfile.format import (
     KeyEntry,
     KeyFileError,
@@ -271,3 +277,32 @@ def test_a_keys_file_with_a_bad_limit_or_role_is_refused_naming_it(tmp_path: Pat
     path.write_text(text.replace("{h}", hash_secret("x")))
     with pytest.raises(KeyFileError, match=complaint):
         load_file(path)
+
+
+def test_a_flood_of_made_up_secrets_is_refused_past_the_hashing_budget_and_verified_keys_pass(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each unverified secret for an id of the file costs a scrypt hash: past VERIFICATIONS_PER_S in a second the
+    rest get 429 without hashing, while a key verified before is still served from memory; the budget refills."""
+    path = tmp_path / "keys.toml"
+    key = last_line(keys("add", "team-a", "--models", "mlp", "--file", str(path)))
+    clock = Clock(1000.0)
+    gateway = gateway_keys(path, clock)
+    assert gateway.authenticate(key) == "team-a"  # verified once: remembered
+
+    refusals: list[type[Exception]] = []
+    with caplog.at_level(logging.WARNING):
+        for number in range(VERIFICATIONS_PER_S + 5):
+            try:
+                gateway.authenticate(presented_key("team-a", f"made-up-{number}"))
+            except (Unauthorized, TooManyVerifications) as exc:
+                refusals.append(type(exc))
+        assert gateway.authenticate(key) == "team-a"
+        with pytest.raises(Unauthorized):  # an id the file lacks costs no hash: 401, not 429, with the bucket empty
+            gateway.authenticate(presented_key("nobody", "made-up"))
+    assert refusals.count(Unauthorized) == VERIFICATIONS_PER_S - 1  # the real key took one token
+    assert refusals.count(TooManyVerifications) == 6
+    assert len([r for r in caplog.records if "new API keys or admin tokens a second" in r.message]) == 1
+    clock.now += 0.5  # half a second refills half the bucket
+    with pytest.raises(Unauthorized):
+        gateway.authenticate(presented_key("team-a", "made-up-again"))

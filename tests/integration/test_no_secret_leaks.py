@@ -80,7 +80,7 @@ def test_no_secret_is_in_the_log_metrics_traces_inference_log_or_audit_log_after
             mock.patch.dict(os.environ, tracing),
             gateway_process(example_repository, tmp_path, token=SETTING_TOKEN, **settings) as gateway,
         ):
-            statuses = _run_traffic(gateway.http_url, gateway.grpc_url, traffic_id)
+            statuses, answers = _run_traffic(gateway.http_url, gateway.grpc_url, traffic_id)
             metrics = httpx.get(f"http://{gateway.http_url}/metrics", timeout=10).text
         spans = receiver.wait_for(lambda got: any(s.trace_id == traffic_id for s in got), timeout_s=10)
         exported = "\n".join(receiver.payloads)
@@ -93,7 +93,7 @@ def test_no_secret_is_in_the_log_metrics_traces_inference_log_or_audit_log_after
     assert statuses == {"ok": 3, "forbidden": 1, "unauthorized": 3, "rate_limited": 1, "admin_ok": 4,
                         "admin_refused": 3}
     places = {"gateway log": log, "/metrics": metrics, "spans": exported, "inference log": logged,
-              "audit log": audit, "keys file": keys_file}
+              "audit log": audit, "keys file": keys_file, "answers": answers}
     # Each place recorded the run: a scan of an empty file would prove nothing.
     assert "DEBUG" in log
     assert 'key="paced"' in metrics
@@ -105,7 +105,9 @@ def test_no_secret_is_in_the_log_metrics_traces_inference_log_or_audit_log_after
     assert leaks == []
 
 
-def _run_traffic(http_url: str, grpc_url: str, trace_id: str) -> dict[str, int]:
+def _run_traffic(http_url: str, grpc_url: str, trace_id: str) -> tuple[dict[str, int], str]:
+    """How many answers of each kind came, and every answer's headers and body as one text."""
+    answers: list[str] = []
     body, statuses = infer_body(), dict.fromkeys(
         ("ok", "forbidden", "unauthorized", "rate_limited", "admin_ok", "admin_refused"), 0
     )
@@ -116,6 +118,7 @@ def _run_traffic(http_url: str, grpc_url: str, trace_id: str) -> dict[str, int]:
                            *((wrong, "mlp") for wrong in WRONG[:3])]:
             answer = http.post(f"/v2/models/{model}/infer", json=body, headers={"x-api-key": key, **traced})
             statuses[kinds[answer.status_code]] += 1
+            answers.append(f"{answer.headers}\n{answer.text}")
         statuses["ok"] -= 1  # the first paced request passes; the grpc one below is counted apart
         client = grpcclient.InferenceServerClient(grpc_url)
         rows = np.asarray(body["inputs"][0]["data"], dtype=np.float32).reshape(1, -1)  # type: ignore[index]
@@ -131,5 +134,6 @@ def _run_traffic(http_url: str, grpc_url: str, trace_id: str) -> dict[str, int]:
             answer = http.request(method, path, json={"percent": 100} if method == "PUT" else None,
                                   headers={"authorization": f"Bearer {token}"})
             statuses["admin_ok" if answer.status_code == 200 else "admin_refused"] += 1
+            answers.append(f"{answer.headers}\n{answer.text}")
     time.sleep(0.3)  # the inference log's writer and the span processor flush on their own schedule too
-    return statuses
+    return statuses, "\n".join(answers)

@@ -242,7 +242,8 @@ def test_repository_api_answers_403_saying_what_to_set_when_no_token_is_configur
     settings = Settings(repository=source, port=0, grpc_port=0, repository_poll_s=0)
     with running_gateway(settings) as running, grpcclient.InferenceServerClient(running.grpc_url) as grpc_client:
         answer = _post(running, "/v2/repository/index", token="anything")
-        message = "the repository API needs SWITCHYARD_ADMIN_TOKEN or SWITCHYARD_REPOSITORY_API_OPEN=true"
+        message = ("the repository API needs SWITCHYARD_ADMIN_TOKEN or SWITCHYARD_REPOSITORY_API_OPEN=true (or an "
+                   "operator token in the API keys file)")
         assert (answer.status_code, answer.json()) == (403, {"error": message})
         with pytest.raises(InferenceServerException) as refused:
             grpc_client.unload_model("mlp")

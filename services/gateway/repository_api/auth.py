@@ -26,8 +26,8 @@ class RepositoryAuth:
             return ACTOR
         if not self._admin.enabled:
             raise Forbidden(
-                "the repository API needs SWITCHYARD_ADMIN_TOKEN, an admin token in the keys file, or "
-                "SWITCHYARD_REPOSITORY_API_OPEN=true"
+                "the repository API needs SWITCHYARD_ADMIN_TOKEN or SWITCHYARD_REPOSITORY_API_OPEN=true (or an "
+                "operator token in the API keys file)"
             )
         try:
             return f"{ACTOR} ({self._admin.verify(authorization, 'the repository API', operator=operator)})"

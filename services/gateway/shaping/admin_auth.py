@@ -17,8 +17,8 @@ from services.gateway.shaping.keys import ApiKeys
 from services.keyfile.format import OPERATOR
 
 DISABLED = (
-    "{api} is disabled: start the gateway with SWITCHYARD_ADMIN_TOKEN set, or add an admin token to the keys file "
-    "(switchyard keys add ID --role operator --file PATH, with SWITCHYARD_API_KEYS_FILE=PATH)"
+    "{api} is disabled: start the gateway with SWITCHYARD_ADMIN_TOKEN set to enable it (or with an admin token in a "
+    "keys file: switchyard keys add ID --role operator --file keys.toml, SWITCHYARD_API_KEYS_FILE=keys.toml)"
 )
 
 
@@ -44,6 +44,10 @@ class AdminAuth:
         secret = token.get_secret_value() if token is not None else ""
         self._token = secret.encode() if secret else None
         self._keys = keys if keys is not None and keys.structured else None
+        self._tokens = "the gateway's SWITCHYARD_ADMIN_TOKEN"
+        """Where tokens come from, for the 401's message: what this gateway takes, no more."""
+        if self._keys is not None:
+            self._tokens = "an admin token of its keys file" + (" or its SWITCHYARD_ADMIN_TOKEN" if secret else "")
 
     @property
     def enabled(self) -> bool:
@@ -69,9 +73,7 @@ class AdminAuth:
         scheme, _, presented = (header or "").partition(" ")
         presented = presented.strip()
         if scheme.lower() != "bearer" or not presented:
-            raise Unauthorized(
-                f"{api} needs 'Authorization: Bearer <token>' (SWITCHYARD_ADMIN_TOKEN, or a token of the keys file)"
-            )
+            raise Unauthorized(f"{api} needs 'Authorization: Bearer <token>' ({self._tokens})")
         if self._token is not None and hmac.compare_digest(presented.encode(), self._token):
             return Caller(fingerprint(presented), OPERATOR)
         entry = self._keys.admin(presented) if self._keys is not None else None

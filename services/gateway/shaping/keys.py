@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 from pydantic import SecretStr
 
-from services.gateway.errors import Forbidden, Unauthorized
+from services.gateway.errors import Forbidden, RateLimited, Unauthorized
 from services.gateway.settings import Settings
 from services.gateway.shaping.limits import Limit
 from services.keyfile.format import (
@@ -38,6 +38,10 @@ RECHECK_S = 1.0
 """Least time between two looks at the keys file: a stat per request would be a syscall per request."""
 MISSING = "missing API key: send it as the X-API-Key header (gRPC: x-api-key metadata)"
 UNKNOWN = "unknown API key"
+VERIFICATIONS_PER_S = 100
+"""Secrets hashed per second at most, for keys not verified before (a presented key names an id of the file and a
+secret not yet checked against it): each costs a scrypt hash, ~1 ms of CPU, so a flood of made-up secrets for a
+real id could otherwise spend the event loop on hashing. Verified keys are remembered and never count."""
 MAX_VERIFIED = 4096
 """Verified keys remembered per file version (by digest); past it the memory starts over: a bound, not a cache
 policy, as a deployment has far fewer live keys."""
@@ -47,6 +51,13 @@ _TENANT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 class ApiKeysError(ValueError):
     """The keys are not usable (a malformed entry, a missing file): the gateway does not start."""
+
+
+class TooManyVerifications(RateLimited):
+    """More new keys to verify than ``VERIFICATIONS_PER_S``: 429, retry in a second (a key verified once is
+    remembered, so its holder is refused only while a flood of unverified secrets lasts)."""
+
+    retry_after_s = 1
 
 
 class ModelForbidden(Forbidden):
@@ -159,6 +170,9 @@ class ApiKeys:
         self._path = path
         self._clock = clock
         self._wall = wall
+        self._hashing = (float(VERIFICATIONS_PER_S), clock())
+        """The verification bucket: (tokens, when they were counted)."""
+        self._busy_logged = float("-inf")
         self._checked = clock()
         self._rejected: tuple[int, int, int] | None = None
         """The signature of a file version that failed to load: not re-read until it changes."""
@@ -203,17 +217,35 @@ class ApiKeys:
             raise Unauthorized(UNKNOWN)  # the client learns no more than for a key that never was
         return access
 
-    @staticmethod
-    def _verify(snapshot: _Snapshot, key: str, digest: bytes) -> Access:
+    def _verify(self, snapshot: _Snapshot, key: str, digest: bytes) -> Access:
         """A structured key's access once its secret matches one of the id's hashes (only that id's: O(1))."""
         parts = split_presented(key)
         entry = snapshot.entries.get(parts[0]) if parts is not None else None
-        if parts is None or entry is None or not entry.matches(parts[1]):
+        if parts is None or entry is None:
+            raise Unauthorized(UNKNOWN)
+        self._may_hash()
+        if not entry.matches(parts[1]):
             raise Unauthorized(UNKNOWN)
         if len(snapshot.verified) >= MAX_VERIFIED:
             snapshot.verified.clear()
         access = snapshot.verified[digest] = Access.of(entry)
         return access
+
+    def _may_hash(self) -> None:
+        """Takes a token of the verification bucket, or refuses (``TooManyVerifications``), logging once a second."""
+        now = self._clock()
+        tokens, then = self._hashing
+        tokens = min(float(VERIFICATIONS_PER_S), tokens + (now - then) * VERIFICATIONS_PER_S)
+        if tokens < 1:
+            self._hashing = (tokens, now)
+            if now - self._busy_logged >= 1.0:
+                self._busy_logged = now
+                log.warning("more than %d new API keys or admin tokens a second to verify: refusing the excess with "
+                            "429 (a flood of made-up secrets for existing ids?)", VERIFICATIONS_PER_S)
+            raise TooManyVerifications(
+                "too many new API keys to verify at once; retry in a second (keys verified before are not held up)"
+            )
+        self._hashing = (tokens - 1, now)
 
     def known_id(self, key: str | None) -> str | None:
         """The keys file's id that ``key`` names (``sy_<id>_...``), whatever its secret; None when it names none. For
@@ -239,7 +271,10 @@ class ApiKeys:
         entry = snapshot.admins_verified.get(digest)
         if entry is None:
             candidate = snapshot.admins.get(parts[0])
-            if candidate is None or not candidate.matches(parts[1]):
+            if candidate is None:
+                return None
+            self._may_hash()
+            if not candidate.matches(parts[1]):
                 return None
             if len(snapshot.admins_verified) >= MAX_VERIFIED:
                 snapshot.admins_verified.clear()

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from services.gateway.errors import GatewayError, PayloadTooLarge, Unauthorized
+from services.gateway.errors import GatewayError, PayloadTooLarge
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import Settings
 from services.gateway.shaping.concurrency import AdaptiveLimit, ModelGate
@@ -85,8 +85,8 @@ class Shaper:
             return
         try:
             access = self.keys.identify(api_key)
-        except Unauthorized:
-            self._key_refused(self.keys.known_id(api_key), "unauthorized")
+        except GatewayError as exc:  # 401, or 429 while too many new secrets wait to be hashed
+            self._key_refused(self.keys.known_id(api_key), exc.reason)
             raise
         admitted.tenant = access.tenant  # set first: a forbidden call is counted against its tenant
         entry = access.entry
