@@ -22,6 +22,7 @@ from services.gateway.backends.base import Backend
 from services.gateway.backends.embedded_settings import embedded_backend
 from services.gateway.backends.nvml import register_gpu_metrics
 from services.gateway.backends.triton import ConfigTransform, TritonBackend, identity
+from services.gateway.capacity.backend import with_model_cache
 from services.gateway.dataplane import SERVER_VERSION, DataPlane
 from services.gateway.grpc_api import start_server
 from services.gateway.inference_log.sinks import open_sink
@@ -183,10 +184,13 @@ def create_app(
     catalog = Catalog(settings.repository)
     if backend is None:
         backend = build_backend(settings, catalog, metrics, config_transform)
+    backend, cache = with_model_cache(settings, catalog, metrics, backend)
     router, leases = Router(catalog, backend), Leases(metrics)
+    router.on_demand = cache is not None
     store = state_store(settings, node)
     windows, shadows = TrafficWindows(), ShadowRunner(backend, leases, metrics, settings.shadow_max_pending)
     manager = VersionManager(settings, catalog, backend, router, leases, store, metrics, windows, shadows)
+    manager.cache = cache
     shaper = Shaper(settings, metrics, share=node.share if node is not None else None)
     # One AdminAuth for every admin surface: the keys file's admin tokens are re-read with the API keys.
     admin_auth = AdminAuth(settings.admin_token, shaper.keys)
@@ -198,6 +202,7 @@ def create_app(
         mirror=backend.shared_memory if isinstance(backend, TritonBackend) else None,
     )
     dataplane = DataPlane(catalog, backend, router, leases, metrics, windows, shadows, shaper, regions=regions)
+    dataplane.cache = cache
     worker = node.index if node is not None else None
     dataplane.observer = shadows.observer = observer(settings, router, backend, metrics, worker)
     tracing: Tracing | None = dataplane.observer.tracing if dataplane.observer is not None else None

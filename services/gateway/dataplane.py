@@ -17,6 +17,8 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2
 
 from services.gateway.backends.base import Backend
+from services.gateway.capacity.cache import ModelCache
+from services.gateway.capacity.demand import route_cold
 from services.gateway.errors import (
     DeadlineExceeded,
     GatewayError,
@@ -42,7 +44,7 @@ from services.gateway.tracing.observe import Observer
 from services.gateway.versions.leases import Leases
 from services.gateway.versions.node import NodeFigures
 from services.gateway.versions.numbers import parse_version
-from services.gateway.versions.routing import Header, Router
+from services.gateway.versions.routing import ColdVersion, Header, Router
 from services.gateway.versions.shadow import ShadowRunner
 from services.gateway.versions.windows import TrafficWindows
 
@@ -85,6 +87,9 @@ class DataPlane:
         self._stream_series: dict[tuple[str, int], tuple[Any, Any]] = {}
         self.node: NodeFigures | None = None
         """The node's other workers (``serve --workers N``): readiness, metrics and statistics answer for the node."""
+        self.cache: ModelCache | None = None
+        """The model cache (``SWITCHYARD_MODEL_CACHE_MB``): versions loaded on demand, the least recently used
+        unloaded to make room."""
         self.observer: Observer | None = None
         """Traces and the inference log (``tracing/observe.py``), when either is on: the request path reads this one
         ``None`` otherwise."""
@@ -123,6 +128,8 @@ class DataPlane:
         """``None`` when the model (version) answers requests now, else why not."""
         try:
             served = self.resolve(model, version)
+        except ColdVersion:
+            return None  # loaded on its first request: it answers requests now
         except ModelNotReady as exc:
             return str(exc)
         if await self.backend.ready(model, served):
@@ -130,7 +137,11 @@ class DataPlane:
         return str(version_not_ready(model, served, "its model server does not report it ready"))
 
     async def model_metadata(self, model: str, version: int | None) -> ModelMetadata:
-        metadata = await self.backend.metadata(model, self.resolve(model, version))
+        try:
+            served = self.resolve(model, version)
+        except ColdVersion as cold:  # answered from the repository, without loading it
+            return self.catalog.entry(model).metadata((cold.routed,))
+        metadata = await self.backend.metadata(model, served)
         if version is None:  # like Triton: the unversioned answer lists every ready version
             versions = self.backend.models().get(model, {})
             ready = tuple(sorted(v for v, s in versions.items() if s is VersionState.READY))
@@ -138,7 +149,12 @@ class DataPlane:
         return metadata
 
     async def model_config(self, model: str, version: int | None) -> model_config_pb2.ModelConfig:
-        return await self.backend.config(model, self.resolve(model, version))
+        try:
+            return await self.backend.config(model, self.resolve(model, version))
+        except ColdVersion:  # answered from the repository, without loading it
+            config = model_config_pb2.ModelConfig()
+            config.CopyFrom(self.catalog.entry(model).config)
+            return config
 
     async def statistics(self, model: str, version: int | None) -> StatisticsReport:
         """The statistics extension: ``model`` empty for every model, ``version`` ``None`` for every ready one; the
@@ -158,7 +174,13 @@ class DataPlane:
         version: int | None = None
         observer = self.observer
         try:
-            version = self.router.route(model, request.version, header)
+            try:
+                version = self.router.route(model, request.version, header)
+            except ColdVersion as cold:  # the model cache loads it for this request
+                version = await route_cold(self.cache, self.router, cold, request, header)
+            else:
+                if self.cache is not None:
+                    self.cache.touch(model)
             quota = request.quota
             if quota is not None:
                 quota.take()  # the key's own share first: a key over it takes none of the model's slots
@@ -222,7 +244,10 @@ class DataPlane:
         version: int | None = None
         count = 0
         try:
-            version = self.router.route(model, request.version, header)
+            try:
+                version = self.router.route(model, request.version, header)
+            except ColdVersion as cold:
+                version = await route_cold(self.cache, self.router, cold, request, header)
             quota = request.quota
             if quota is not None:
                 quota.take()  # held for the whole sequence, as the lease is

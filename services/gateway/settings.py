@@ -223,6 +223,17 @@ class Settings(BaseSettings):
     ``triton_tls_key_file``."""
     triton_tls_key_file: Path | None = None
     """PEM private key of ``triton_tls_cert_file``."""
+    model_cache_mb: float | None = None
+    """Memory budget of the loaded models, in MiB: set, the gateway loads a model's routed version on its first
+    request and unloads the least recently used models with no request in flight to stay within it
+    (docs/model-cache.md). Unset: every model is loaded at start and stays loaded."""
+    pinned_models: str = ""
+    """Comma-separated models the model cache loads at start and never unloads."""
+    model_min_residency_s: float = 10.0
+    """With the model cache, a model loaded less than this long ago is not unloaded to make room (no churn when
+    traffic cycles through more models than fit)."""
+    model_idle_unload_s: float = 0.0
+    """With the model cache, unload a model no request used for this long, budget or not; 0: only to make room."""
     log_level: str = "info"
     """Log level for the gateway and uvicorn."""
     access_log: bool = False
@@ -283,6 +294,14 @@ class Settings(BaseSettings):
         if not self.grpc_health_interval_s > 0:  # NaN too; 0 would poll without pause
             interval = self.grpc_health_interval_s
             raise ValueError(f"SWITCHYARD_GRPC_HEALTH_INTERVAL_S must be more than 0, got {interval}")
+        if self.model_cache_mb is not None and not self.model_cache_mb > 0:  # NaN too
+            raise ValueError(f"SWITCHYARD_MODEL_CACHE_MB must be more than 0 (MiB), got {self.model_cache_mb}")
+        for name in ("model_min_residency_s", "model_idle_unload_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"SWITCHYARD_{name.upper()} must be 0 or more, got {getattr(self, name)}")
+        if self.pinned_models.strip() and self.model_cache_mb is None:
+            raise ValueError("SWITCHYARD_PINNED_MODELS needs SWITCHYARD_MODEL_CACHE_MB: without a model cache every "
+                             "model stays loaded anyway")
         if not 1 <= self.priority_levels <= 100:
             raise ValueError(f"SWITCHYARD_PRIORITY_LEVELS must lie between 1 and 100, got {self.priority_levels}")
         if not 1 <= self.default_priority <= self.priority_levels:
@@ -315,6 +334,11 @@ class Settings(BaseSettings):
             raise ValueError("SWITCHYARD_TRITON_TLS needs SWITCHYARD_TRITON_HTTP_URL empty: Triton's HTTP front end "
                              "has no TLS, so inference must go over gRPC")
         return self
+
+
+def pinned(settings: Settings) -> frozenset[str]:
+    """``pinned_models`` as names."""
+    return frozenset(name.strip() for name in settings.pinned_models.split(",") if name.strip())
 
 
 def _host_port(address: str) -> bool:

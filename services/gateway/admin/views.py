@@ -43,6 +43,7 @@ def model_status(manager: VersionManager, model: str) -> dict[str, Any]:
         "action": running.to_json() if running is not None else None,
         "last_action": last.to_json() if last is not None else None,
         "last_replay": manager.last_replay.get(model),
+        "cache": _cache(manager, model),
     }
 
 
@@ -65,9 +66,27 @@ def overview(manager: VersionManager) -> dict[str, Any]:
                 "unreleased": status["unreleased"],
                 "problem": status["problem"],
                 "action": status["action"],
+                "cache": status["cache"],
             }
         )
-    return {"models": models}
+    cache = manager.cache
+    return {"models": models, "cache": dict(cache.describe()) if cache is not None else None}
+
+
+def _cache(manager: VersionManager, model: str) -> dict[str, Any] | None:
+    """The model cache's view of the model (``SWITCHYARD_MODEL_CACHE_MB``): resident or not, its memory (measured,
+    declared or estimated; when not resident, what its last load cost), seconds since its last request, pinned."""
+    cache = manager.cache
+    if cache is None:
+        return None
+    shown = cache.shown(model)
+    return {
+        "resident": shown.resident,
+        "memory_mb": round(shown.memory_mb, 2),
+        "memory_is": shown.how or None,
+        "idle_s": None if shown.idle_s is None else round(shown.idle_s, 1),
+        "pinned": model in cache.pinned,
+    }
 
 
 def _traffic(manager: VersionManager, model: str) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from services.gateway.tensors.types import VersionState
-from services.gateway.versions.routing import UNLOADED
+from services.gateway.versions.routing import COLD, UNLOADED
 
 if TYPE_CHECKING:
     from services.gateway.versions.manager import VersionManager
@@ -76,6 +76,8 @@ def _state(
     problem = manager.router.problem(model, version)
     if problem is None and record is not None and record.unloaded:
         problem = UNLOADED
+    if problem is None and manager.cache is not None and record is not None and version == record.stable:
+        problem = f"{COLD} ({manager.cache.shown(model).describe()})"
     return UNAVAILABLE, problem or "not loaded"
 
 

@@ -193,8 +193,15 @@ class AdminModelSummary(_Open):
     problem: str | None
 
 
+class ModelCacheView(_Closed):
+    budget_mb: float
+    used_mb: float
+    pinned: list[str]
+
+
 class AdminModels(_Closed):
     models: list[AdminModelSummary]
+    cache: ModelCacheView | None = Field(None, description="The model cache (SWITCHYARD_MODEL_CACHE_MB), when on.")
 
 
 class AdminCaller(_Closed):

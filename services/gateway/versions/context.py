@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from services.gateway.backends.base import Backend
 from services.gateway.metrics import GatewayMetrics
@@ -19,6 +19,9 @@ from services.gateway.versions.progress import ActionReport, Steps
 from services.gateway.versions.routing import Router
 from services.gateway.versions.warmup import WarmedUp
 from services.gateway.versions.windows import TrafficWindows
+
+if TYPE_CHECKING:
+    from services.gateway.capacity.cache import ModelCache
 
 
 class VersionContext(Protocol):
@@ -34,6 +37,9 @@ class VersionContext(Protocol):
     """The last report of each model's actions."""
     follow_failures: dict[tuple[str, int], float]
     """(model, generation) -> when following a routing record another gateway wrote failed."""
+    cache: ModelCache | None
+    """The model cache, when ``SWITCHYARD_MODEL_CACHE_MB`` is set: only pinned models load at start or follow the
+    routing's loaded versions; the others load on demand."""
 
     async def activate(
         self,

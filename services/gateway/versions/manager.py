@@ -11,7 +11,7 @@ import os
 import socket
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.gateway.backends.base import Backend
 from services.gateway.errors import BackendUnavailable, Conflict, GatewayError
@@ -35,6 +35,9 @@ from services.gateway.versions.startup import start_models
 from services.gateway.versions.traffic import watch_canaries
 from services.gateway.versions.warmup import WarmedUp, WarmupError, warm_up
 from services.gateway.versions.windows import TrafficWindows
+
+if TYPE_CHECKING:
+    from services.gateway.capacity.cache import ModelCache
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +75,8 @@ class VersionManager:
         self.last_replay: dict[str, dict[str, Any]] = {}
         """The last replay check's report of each model (an activation's ``verify_replay``), passed or not."""
         self._tasks: list[asyncio.Task[None]] = []
+        self.cache: ModelCache | None = None
+        """The model cache (``SWITCHYARD_MODEL_CACHE_MB``), set by the app before ``start``."""
         self.workers: NodeWorkers | None = None
         """The node's other workers, on the worker that runs its version actions once they all started
         (``switchyard serve --workers N``): every action's versions are prepared and its routing followed there too."""
@@ -83,6 +88,8 @@ class VersionManager:
         repository nor judges canaries (that worker does, and tells it the routing)."""
         await self.store.open()
         await start_models(self)
+        if self.cache is not None:
+            self.cache.attach(self)
         if acting and self.settings.repository_poll_s > 0:
             self._tasks.append(asyncio.create_task(poll(self), name="repository-poll"))
         if acting:
@@ -94,6 +101,8 @@ class VersionManager:
         return await scan_repository(self, actor)
 
     async def close(self) -> None:
+        if self.cache is not None:
+            await self.cache.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

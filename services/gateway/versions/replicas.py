@@ -67,10 +67,11 @@ async def _adopt(manager: VersionContext, model: str, record: RoutingRecord) -> 
             missing = sorted(v for v in needed if manager.backend.state(model, v) is not VersionState.READY)
             if missing:
                 raise GatewayError(f"version(s) {missing} are not ready on the shared server", 503)
-        else:
+        elif manager.cache is None or model in manager.cache.pinned:
             steps = Steps(model, manager.metrics, Progress("follow", record.stable))
             for version in sorted(target):
                 await manager.prepare(model, version, steps)
+        # else: the model cache loads what the record routes to on its first request here
     except GatewayError as exc:
         manager.follow_failures[model, record.generation] = time.monotonic()
         serving = current.stable if current is not None else None
@@ -81,7 +82,9 @@ async def _adopt(manager: VersionContext, model: str, record: RoutingRecord) -> 
         return f"cannot take routing generation {record.generation} (stable {record.stable}): {exc}"
     manager.set_routing(model, record)
     log.info("model '%s': following routing generation %d: stable %d", model, record.generation, record.stable)
-    if (record.loaded or record.unloaded) and not manager.backend.shared_server:
+    # With the model cache what stays loaded here is its own business, except a model unloaded on purpose.
+    kept_by_record = record.loaded and manager.cache is None
+    if (kept_by_record or record.unloaded) and not manager.backend.shared_server:
         await _unload_extras(manager, model, target)
     return None
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 
 from services.gateway.backends.base import Backend
 from services.gateway.errors import (
+    ModelNotReady,
     model_not_ready,
     no_available_versions,
     unknown_model,
@@ -21,6 +22,7 @@ from services.gateway.state.policies import CanaryPolicy
 from services.gateway.tensors.types import VersionState
 
 UNLOADED = "unloaded through the repository API (load it again to serve it)"
+COLD = "not loaded: the model cache loads it on its first request"
 Header = Callable[[str], str | None]
 """Looks up one request header (lowercase name) or gRPC metadata key; ``None`` when absent."""
 
@@ -37,6 +39,16 @@ def _canary_side(canary: CanaryPolicy, header: Header | None) -> bool:
     return point < canary.weight
 
 
+class ColdVersion(ModelNotReady):
+    """The version a request routes to is not loaded, and the model cache loads versions on demand: the data plane
+    waits for it (``ModelCache.fault_in``); a caller that does not answers 503 saying so."""
+
+    def __init__(self, model: str, version: int) -> None:
+        super().__init__(f"model '{model}' version {version} is {COLD}")
+        self.model = model
+        self.routed = version
+
+
 class Router:
     """Holds the routing records in memory. A flip replaces one record object: a request routed before it sees the
     old record, one routed after sees the new one, nothing in between (everything runs on one event loop)."""
@@ -48,6 +60,10 @@ class Router:
         self._warming: set[tuple[str, int]] = set()
         self._notes: dict[tuple[str, int], str] = {}
         self._unrouted: dict[str, str] = {}
+        self._evicting: set[tuple[str, int]] = set()
+        self.on_demand = False
+        """The model cache is on: a routed version that is not loaded is loaded for the request (``ColdVersion``),
+        and a model whose routed version is not loaded is ready all the same."""
 
     @property
     def records(self) -> Mapping[str, RoutingRecord]:
@@ -85,12 +101,31 @@ class Router:
         state = self._backend.state(model, version)
         if state is VersionState.READY and (model, version) not in self._warming:
             return version
+        if self.on_demand and state is not VersionState.UNAVAILABLE and self._routed(model, version):
+            raise ColdVersion(model, version)  # not loaded, or being loaded, warmed up or unloaded: wait for it
         problem = self.problem(model, version)
         if state is None and pinned and problem is None:  # a version that failed to load is known, as in Triton
             loaded = ", ".join(str(v) for v in sorted(self._backend.models().get(model, {}))) or "none"
             raise unknown_version(model, version, f"loaded versions: {loaded}")
         detail = "warming up" if state is VersionState.READY else (state or VersionState.UNAVAILABLE).value.lower()
         raise version_not_ready(model, version, f"{detail}: {problem}" if problem else detail)
+
+    def _routed(self, model: str, version: int) -> bool:
+        """Whether unversioned requests go to ``version`` (its stable version, or its canary's or shadow's)."""
+        record = self._records.get(model)
+        if record is None or record.unloaded:
+            return False
+        canary, shadow = record.canary, record.shadow
+        return version in (record.stable, canary and canary.version, shadow and shadow.version)
+
+    def evicting(self, model: str, version: int, on: bool) -> None:
+        """The model cache is unloading ``version``: requests routed to it wait for it to be loaded again."""
+        if on:
+            self._evicting.add((model, version))
+            self._warming.add((model, version))  # off the request path's fast branch, with no lookup added to it
+        else:
+            self._evicting.discard((model, version))
+            self._warming.discard((model, version))
 
     def warming(self, model: str, version: int, on: bool) -> None:
         """A loaded version is not served to pinned requests until its warm-up has run."""
@@ -130,4 +165,7 @@ class Router:
         record = self._records.get(model)
         if record is None or record.unloaded:
             return False
-        return self._backend.state(model, record.stable) is VersionState.READY
+        state = self._backend.state(model, record.stable)
+        if state is VersionState.READY:
+            return True
+        return self.on_demand and (state is None or (model, record.stable) in self._evicting)

@@ -38,8 +38,13 @@ async def start_models(manager: VersionContext) -> None:
         if record is None or record.stable not in entry.available:
             wanted |= set(first_stable(entry).candidates)  # the latest released one, when the policy passed it over
         initial[name] = wanted
-    await manager.backend.start(initial)
+    cache = manager.cache
+    on_demand = set() if cache is None else {name for name in initial if name not in cache.pinned}
+    await manager.backend.start({name: versions for name, versions in initial.items() if name not in on_demand})
     for name, versions in initial.items():
+        if name in on_demand:  # routed now, loaded on its first request (the model cache)
+            await _route(manager, name, records.get(name), versions, cold=True)
+            continue
         for version in sorted(versions):
             await _warm(manager, name, version)
         await _route(manager, name, records.get(name), versions)
@@ -58,11 +63,14 @@ async def _warm(manager: VersionContext, model: str, version: int) -> None:
         log.error("model '%s' version %d failed its warm-up and was unloaded: %s", model, version, exc)
 
 
-async def _route(manager: VersionContext, model: str, record: RoutingRecord | None, versions: set[int]) -> None:
+async def _route(
+    manager: VersionContext, model: str, record: RoutingRecord | None, versions: set[int], *, cold: bool = False
+) -> None:
     """The persisted routing when its stable version is still on disk (``versions`` holds it then), less the other
     versions it names that are not; else the highest version that loaded among those the policy selects (the
     policy's own choice when none did, e.g. Triton is still down). A version missing from disk is never carried
-    into the routing: the repair is persisted, logged and in the audit log."""
+    into the routing: the repair is persisted, logged and in the audit log. ``cold``: nothing was loaded (the model
+    cache loads it on demand), so the policy's choice among the versions on disk."""
     error = None
     entry = manager.catalog.entry(model)
     if record is not None and record.stable in versions:
@@ -77,7 +85,7 @@ async def _route(manager: VersionContext, model: str, record: RoutingRecord | No
     if record is not None:
         error = f"the persisted stable version {record.stable} is gone from the repository"
     choice = first_stable(entry)
-    serving = [v for v in choice.candidates if manager.backend.state(model, v) is VersionState.READY]
+    serving = [v for v in choice.candidates if cold or manager.backend.state(model, v) is VersionState.READY]
     if not serving and manager.router.problem(model) is not None:
         return  # nothing it could route to serves, and the reason is known: reported, not routed
     stable = choice.pick(lambda v: v in serving)

@@ -1,0 +1,344 @@
+"""``ModelCache``: which model versions are resident, what each costs, and which to unload to make room.
+
+Every load and unload of the node goes through ``CachedBackend`` (``capacity/backend.py``), which asks the cache for
+room first and tells it the cost after; a request for a model whose routed version is not loaded waits in
+``fault_in`` (one load per version however many wait: single flight), within its own deadline.
+
+What may be unloaded to make room, least recently used first, one model at a time and only as many as needed: a
+model that is not pinned, has no request in flight (its leases: the same count a drain waits for), is not in the
+middle of a version action, was loaded at least ``model_min_residency_s`` ago, and has served the requests that
+caused its load. When nothing may go, a load waits for room (a request within its deadline) rather than exceed the
+budget. ``model_idle_unload_s`` unloads a model no request used for that long, budget or not."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from services.gateway.capacity.memory import Cost, declared_mb, files_mb, resident_mb
+from services.gateway.capacity.metrics import CacheMetrics
+from services.gateway.errors import DeadlineExceeded, GatewayError, Overloaded
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.repository import Catalog
+from services.gateway.settings import Settings, pinned
+from services.gateway.versions.progress import Progress, Steps
+
+if TYPE_CHECKING:
+    from services.gateway.versions.manager import VersionManager
+
+log = logging.getLogger(__name__)
+
+ROOM_WAIT_S = 30.0
+"""How long a load not made for a request (an activation, a canary) waits for room before it is refused."""
+_POLL_S = 0.05
+room_wait_s: ContextVar[float] = ContextVar("room_wait_s")
+"""How long the load under way may wait for room: what is left of its first request's deadline, for a load made
+for requests; ``ROOM_WAIT_S`` otherwise."""
+
+
+class ModelTooLarge(GatewayError):
+    """One version alone needs more than the whole budget: it can never be loaded under it."""
+
+    status = 507  # Insufficient Storage: the request is fine, the node's budget is what cannot hold it
+
+
+class CacheFull(Overloaded):
+    """No loaded model may be unloaded now (all in use, pinned or just loaded) and the wait ran out."""
+
+    reason = "overload"
+
+
+@dataclass
+class Resident:
+    """One model's loaded versions and their costs, and when it was loaded and last used."""
+
+    costs: dict[int, Cost]
+    loaded_at: float
+    last_used: float
+    awaiting_first: bool = False
+    """Loaded for waiting requests that have not been served yet: not unloaded before they are."""
+
+    @property
+    def mb(self) -> float:
+        return sum(cost.mb for cost in self.costs.values())
+
+
+@dataclass
+class CacheFigures:
+    """What the index, the admin API and the console show of one model."""
+
+    resident: bool
+    memory_mb: float
+    how: str
+    idle_s: float | None
+
+    def describe(self) -> str:
+        if not self.how:
+            return "never loaded here"
+        return f"{'uses' if self.resident else 'last used'} {self.memory_mb:.1f} MiB, {self.how}"
+
+
+@dataclass
+class ModelCache:
+    settings: Settings
+    catalog: Catalog
+    metrics: GatewayMetrics
+    """The gateway's, for the steps of a load on demand (``switchyard_swap_step_seconds``)."""
+    figures: CacheMetrics
+    clock: Callable[[], float] = time.monotonic
+    measure: Callable[[], float] = resident_mb
+    """The process's resident memory in MiB (the embedded backend's loads are measured by it)."""
+    in_process: bool = True
+    """Whether the models live in this process (embedded backend): then a load's cost is measured; else it is
+    declared or estimated from the model's files."""
+    residents: dict[str, Resident] = field(default_factory=dict)
+    _known: dict[tuple[str, int], Cost] = field(default_factory=dict)
+    """The last cost seen of each version, kept after it is unloaded: what its next load expects to need."""
+    _loading: dict[tuple[str, int], asyncio.Task[None]] = field(default_factory=dict)
+    _evicting: dict[str, asyncio.Event] = field(default_factory=dict)
+    room: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held by a load from making room to accounting its cost: loads are measured one at a time."""
+    _manager: VersionManager | None = None
+    _idle_task: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        assert self.settings.model_cache_mb is not None
+        self.budget_mb: float = self.settings.model_cache_mb
+        self.pinned = pinned(self.settings)
+        unknown = sorted(self.pinned - set(self.catalog.entries))
+        if unknown and self.catalog.entries:
+            log.warning("SWITCHYARD_PINNED_MODELS names %s, not in the repository (pinned if they appear)", unknown)
+        self._hits = self.figures.requests.labels("hit")
+        self.figures.budget.set(self.budget_mb * 2**20)
+        self.figures.used.set_function(lambda: self.used_mb * 2**20)
+
+    def attach(self, manager: VersionManager) -> None:
+        """The version manager whose locks, leases, router and warm-up the cache uses; starts the idle sweep."""
+        self._manager = manager
+        if self.settings.model_idle_unload_s > 0:
+            self._idle_task = asyncio.get_running_loop().create_task(self._sweep_idle(), name="model-cache-idle")
+
+    async def close(self) -> None:
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._idle_task
+
+    @property
+    def used_mb(self) -> float:
+        return sum(resident.mb for resident in self.residents.values())
+
+    # -- the request path -----------------------------------------------------------------------------------------
+    def touch(self, model: str, *, hit: bool = True) -> None:
+        """A request is served by the model: it is the most recently used now (``hit``: it was loaded already)."""
+        resident = self.residents.get(model)
+        if resident is not None:
+            resident.last_used = self.clock()
+            resident.awaiting_first = False
+        if hit:
+            self._hits.inc()
+
+    async def fault_in(self, model: str, version: int, deadline: float | None) -> None:
+        """Load ``version`` of ``model`` for a request that found it unloaded; one load however many requests
+        wait for it. Waits no longer than ``deadline`` (``time.monotonic()``): then 504, the load going on."""
+        key = (model, version)
+        task = self._loading.get(key)
+        if task is None:
+            self.figures.requests.labels("miss").inc()
+            wait_s = ROOM_WAIT_S if deadline is None else max(0.0, deadline - time.monotonic())
+            task = asyncio.get_running_loop().create_task(self._bring_in(model, version, wait_s), name=f"load {model}")
+            self._loading[key] = task
+            task.add_done_callback(lambda _: self._loading.pop(key, None))
+        else:
+            self.figures.requests.labels("miss_waiting").inc()
+        if deadline is None:
+            await asyncio.shield(task)
+            return
+        try:
+            async with asyncio.timeout_at(asyncio.get_running_loop().time() + (deadline - time.monotonic())):
+                await asyncio.shield(task)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"model '{model}' version {version} was not loaded yet when the request's deadline passed (a cold "
+                "start of the model cache; it goes on loading)"
+            ) from None
+
+    async def _bring_in(self, model: str, version: int, wait_s: float) -> None:
+        manager = self._manager
+        assert manager is not None, "attach() the version manager first"
+        room_wait_s.set(wait_s)  # this task's own context: the load below waits for room no longer
+        evicting = self._evicting.get(model)
+        if evicting is not None:
+            await evicting.wait()  # being unloaded right now: load it again once that is done
+        started = self.clock()
+        async with manager.lock(model):  # after a version action of the model, never beside one
+            if manager.backend.state(model, version) is not None:
+                return
+            manager.progress[model] = progress = Progress("cache_load", version)
+            try:
+                steps = Steps(model, self.metrics, progress)
+                async with steps.run("load"):
+                    await manager.backend.load(model, version)
+                try:
+                    await manager.warm(model, version, steps)
+                except GatewayError:
+                    await manager.quietly(manager.backend.unload(model, version), f"unloading version {version}")
+                    raise
+            finally:
+                manager.progress.pop(model, None)
+        resident = self.residents.get(model)
+        if resident is not None:
+            resident.awaiting_first = True
+        seconds = self.clock() - started
+        self.figures.load_seconds.labels(model).observe(seconds)
+        log.info("model cache: loaded model '%s' version %d on demand in %.2f s (%.0f of %.0f MiB in use)",
+                 model, version, seconds, self.used_mb, self.budget_mb)
+
+    # -- loads and unloads (CachedBackend) ------------------------------------------------------------------------
+    def expected(self, model: str, version: int) -> Cost:
+        """What a load of ``version`` is expected to need: its cost when last loaded, else ``floor``."""
+        known = self._known.get((model, version))
+        return known if known is not None else self.floor(model, version)
+
+    def floor(self, model: str, version: int) -> Cost:
+        """The least a load of ``version`` is counted at: its declared memory, else the size of its files (a
+        measured load that grew the process by less counts this). Raises ``MemoryDeclarationError`` for a
+        malformed declaration."""
+        entry = self.catalog.entry(model)
+        declared = declared_mb(entry.config, model)
+        if declared is not None:
+            return Cost(declared, "declared")
+        return Cost(files_mb(entry.version_dir(version)), "estimated")
+
+    def refuse_if_too_large(self, model: str, version: int, cost: Cost) -> None:
+        if cost.mb > self.budget_mb:
+            raise ModelTooLarge(
+                f"model '{model}' version {version} needs {cost.describe()}, more than the whole model cache of "
+                f"{self.budget_mb:g} MiB (SWITCHYARD_MODEL_CACHE_MB): raise the budget, or serve it elsewhere"
+            )
+
+    async def make_room(self, model: str, needed_mb: float, wait_s: float) -> None:
+        """Unload least recently used models, one at a time, until ``needed_mb`` more fit; waits up to ``wait_s``
+        for one that may go. Raises ``CacheFull`` (503) when none could."""
+        give_up = self.clock() + wait_s
+        while self.used_mb + needed_mb > self.budget_mb:
+            victim = self._victim(exclude=model)
+            if victim is not None:
+                await self.evict(victim, "capacity")
+                continue
+            if self.clock() >= give_up:
+                raise CacheFull(
+                    f"the model cache ({self.used_mb:.0f} of {self.budget_mb:g} MiB in use) has no room for model "
+                    f"'{model}' ({needed_mb:.1f} MiB): every loaded model is pinned, in use or just loaded; retry"
+                )
+            await asyncio.sleep(_POLL_S)
+
+    async def fit_after(self, model: str) -> None:
+        """A load measured more than expected: unload others until the budget holds again, without waiting."""
+        while self.used_mb > self.budget_mb:
+            victim = self._victim(exclude=model)
+            if victim is None:
+                log.warning("model cache: %.0f of %.0f MiB in use after loading '%s' (it measured more than expected) "
+                            "and nothing may be unloaded yet", self.used_mb, self.budget_mb, model)
+                return
+            await self.evict(victim, "capacity")
+
+    def startup_failed(self, model: str, version: int, error: Exception) -> None:
+        log.error("model cache: pinned model '%s' version %d did not load at start: %s", model, version, error)
+
+    def loaded(self, model: str, version: int, cost: Cost) -> None:
+        now = self.clock()
+        resident = self.residents.get(model)
+        if resident is None:
+            resident = self.residents[model] = Resident({}, now, now)
+            self.figures.resident.labels(model).set_function(lambda: self._resident_bytes(model))
+        resident.costs[version] = cost
+        self._known[model, version] = cost
+
+    def unloaded(self, model: str, version: int) -> None:
+        resident = self.residents.get(model)
+        if resident is None:
+            return
+        resident.costs.pop(version, None)
+        if not resident.costs:
+            del self.residents[model]
+
+    async def evict(self, model: str, reason: str) -> None:
+        """Unload every loaded version of ``model`` (none has a request in flight: ``_victim`` checked, and the
+        router sends new requests to ``fault_in`` from now on, which waits for this to finish)."""
+        manager = self._manager
+        assert manager is not None
+        resident = self.residents[model]
+        age = self.clock() - resident.loaded_at
+        done = self._evicting[model] = asyncio.Event()
+        versions = sorted(resident.costs)
+        for version in versions:
+            manager.router.evicting(model, version, True)
+        try:
+            for version in versions:
+                await manager.backend.unload(model, version)
+        finally:
+            for version in versions:
+                manager.router.evicting(model, version, False)
+            del self._evicting[model]
+            done.set()
+        self.figures.evictions.labels(reason).inc()
+        self.figures.age_at_eviction.observe(age)
+        log.info("model cache: unloaded model '%s' (%s; loaded %.1f s ago; %.0f of %.0f MiB in use now)",
+                 model, reason, age, self.used_mb, self.budget_mb)
+
+    def _victim(self, exclude: str) -> str | None:
+        manager = self._manager
+        assert manager is not None
+        now = self.clock()
+        candidates = [
+            (resident.last_used, model)
+            for model, resident in self.residents.items()
+            if model != exclude and self._evictable(model, resident, now)
+        ]
+        return min(candidates)[1] if candidates else None
+
+    def _evictable(self, model: str, resident: Resident, now: float) -> bool:
+        manager = self._manager
+        assert manager is not None
+        if model in self.pinned or model in self._evicting or resident.awaiting_first:
+            return False
+        if now - resident.loaded_at < self.settings.model_min_residency_s:
+            return False
+        if manager.lock(model).locked():  # a version action (or another load) of it is under way
+            return False
+        return all(manager.leases.count(model, version) == 0 for version in resident.costs)
+
+    async def _sweep_idle(self) -> None:
+        limit = self.settings.model_idle_unload_s
+        while True:
+            await asyncio.sleep(min(1.0, limit / 2))
+            now = self.clock()
+            for model, resident in list(self.residents.items()):
+                if now - resident.last_used >= limit and self._evictable(model, resident, now):
+                    try:
+                        await self.evict(model, "idle")
+                    except GatewayError as exc:
+                        log.error("model cache: unloading idle model '%s' failed: %s", model, exc)
+
+    # -- what is shown --------------------------------------------------------------------------------------------
+    def shown(self, model: str) -> CacheFigures:
+        resident = self.residents.get(model)
+        if resident is None:
+            known = [cost for (name, _), cost in self._known.items() if name == model]
+            return CacheFigures(False, known[-1].mb if known else 0.0, known[-1].how if known else "", None)
+        hows = {cost.how for cost in resident.costs.values()}
+        return CacheFigures(True, resident.mb, "/".join(sorted(hows)), self.clock() - resident.last_used)
+
+    def describe(self) -> Mapping[str, Any]:
+        return {"budget_mb": self.budget_mb, "used_mb": round(self.used_mb, 1), "pinned": sorted(self.pinned)}
+
+    def _resident_bytes(self, model: str) -> float:
+        resident = self.residents.get(model)
+        return resident.mb * 2**20 if resident is not None else 0.0

@@ -1,0 +1,161 @@
+"""The model cache on the embedded backend (real onnxruntime sessions): 12 copies of the example mlp, each declaring
+10 MiB, under a 45 MiB budget (4 fit). Zipf traffic over all of them fails no request and stays within the budget;
+50 simultaneous first requests cause one load; a model with a request in flight, or pinned, is never unloaded; an
+idle one is unloaded and comes back on demand; one larger than the budget is refused naming both figures."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.gateway.settings import Settings
+from tests.gateway_harness import RunningGateway, running_gateway
+
+pytestmark = pytest.mark.slow
+
+MODELS = [f"m{number:02d}" for number in range(12)]
+DECLARED_MB = 10
+BODY = {"inputs": [{"name": "features", "shape": [1, 32], "datatype": "FP32", "data": [0.25] * 32}]}
+
+
+def copies(source: Path, root: Path, names: list[str], declared_mb: float = DECLARED_MB) -> Path:
+    """``names`` as copies of the example mlp, each declaring ``declared_mb`` (``switchyard.memory_mb``)."""
+    for name in names:
+        shutil.copytree(source / "mlp", root / name)
+        config = root / name / "config.pbtxt"
+        text = config.read_text().replace('name: "mlp"', f'name: "{name}"', 1)
+        declared = f'parameters {{ key: "switchyard.memory_mb" value {{ string_value: "{declared_mb}" }} }}\n'
+        config.write_text(text + declared)
+    return root
+
+
+@pytest.fixture
+def cached(example_repository: Path, tmp_path: Path) -> Iterator[RunningGateway]:
+    repository = copies(example_repository, tmp_path / "repository", MODELS)
+    copies(example_repository, repository, ["huge"], declared_mb=500)
+    settings = Settings(repository=repository, port=0, grpc_port=0, repository_poll_s=0, model_cache_mb=45,
+                        pinned_models="m11", model_min_residency_s=0.2, model_idle_unload_s=0)
+    with running_gateway(settings) as running:
+        yield running
+
+
+def cache_of(gateway: RunningGateway):  # type: ignore[no-untyped-def]
+    return gateway.app.state.dataplane.cache
+
+
+def test_zipf_traffic_over_more_models_than_fit_fails_no_request_and_stays_within_the_budget(
+    cached: RunningGateway,
+) -> None:
+    cache = cache_of(cached)
+    weights = [1 / rank**1.1 for rank in range(1, len(MODELS) + 1)]
+    failures: list[str] = []
+    counts = {"sent": 0}
+    used: list[float] = []
+    stop = threading.Event()
+
+    def client(seed: int) -> None:
+        pick = random.Random(seed)
+        with httpx.Client(base_url=f"http://{cached.http_url}", timeout=30) as http:
+            while not stop.is_set():
+                model = pick.choices(MODELS, weights)[0]
+                answer = http.post(f"/v2/models/{model}/infer", json=BODY)
+                counts["sent"] += 1
+                if answer.status_code != 200:
+                    failures.append(f"{model}: {answer.status_code} {answer.text[:200]}")
+
+    threads = [threading.Thread(target=client, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        used.append(cache.used_mb)
+        time.sleep(0.1)
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+
+    assert failures == []
+    assert max(used) <= 45
+    assert "m11" in cache.residents  # pinned: loaded at start, never unloaded
+    hits = cached.metric("switchyard_model_cache_requests_total", result="hit")
+    misses = cached.metric("switchyard_model_cache_requests_total", result="miss")
+    waiting = cached.metric("switchyard_model_cache_requests_total", result="miss_waiting")
+    assert hits + misses + waiting == counts["sent"]
+    assert misses > 4  # more models were asked for than fit: some were loaded again after being unloaded
+    assert cached.metric("switchyard_model_cache_evictions_total", reason="capacity") >= misses - 4
+
+
+async def test_fifty_simultaneous_first_requests_to_a_cold_model_cause_one_load(cached: RunningGateway) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{cached.http_url}", timeout=30) as http:
+        answers = await asyncio.gather(*(http.post("/v2/models/m03/infer", json=BODY) for _ in range(50)))
+
+    assert [answer.status_code for answer in answers] == [200] * 50
+    assert cached.metric("switchyard_model_cache_load_seconds_count", model="m03") == 1
+    assert cached.metric("switchyard_model_cache_requests_total", result="miss") == 1
+
+
+async def test_a_model_with_a_request_in_flight_is_never_unloaded_and_a_pinned_one_never(
+    cached: RunningGateway,
+) -> None:
+    cache, leases = cache_of(cached), cached.app.state.dataplane.leases
+    async with httpx.AsyncClient(base_url=f"http://{cached.http_url}", timeout=30) as http:
+        assert (await http.post("/v2/models/m00/infer", json=BODY)).status_code == 200
+        await cached.on_loop(_acquire(leases, "m00", 2))  # a request in flight on m00, as infer holds it
+        time.sleep(0.3)  # past the minimum residency
+        for model in MODELS[1:8]:  # seven more models through a budget of four: m00 is the least recently used
+            assert (await http.post(f"/v2/models/{model}/infer", json=BODY)).status_code == 200
+        kept = set(cache.residents)
+        await cached.on_loop(_release(leases, "m00", 2))
+        for model in MODELS[8:11]:
+            assert (await http.post(f"/v2/models/{model}/infer", json=BODY)).status_code == 200
+
+    assert {"m00", "m11"} <= kept
+    assert "m00" not in cache.residents  # its request done, it is the least recently used again: unloaded
+    assert "m11" in cache.residents
+
+
+async def test_a_model_larger_than_the_budget_is_refused_naming_both_figures(cached: RunningGateway) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{cached.http_url}", timeout=30) as http:
+        answer = await http.post("/v2/models/huge/infer", json=BODY)
+        ready = await http.get("/v2/health/ready")
+
+    assert answer.status_code == 507
+    assert answer.json()["error"] == (
+        "model 'huge' version 2 needs 500.0 MiB (declared), more than the whole model cache of 45 MiB "
+        "(SWITCHYARD_MODEL_CACHE_MB): raise the budget, or serve it elsewhere"
+    )
+    assert ready.status_code == 200
+
+
+def test_an_idle_model_is_unloaded_and_comes_back_on_demand(example_repository: Path, tmp_path: Path) -> None:
+    repository = copies(example_repository, tmp_path / "repository", MODELS[:2])
+    settings = Settings(repository=repository, port=0, grpc_port=0, repository_poll_s=0, model_cache_mb=45,
+                        model_min_residency_s=0, model_idle_unload_s=0.5)
+    with running_gateway(settings) as running, httpx.Client(base_url=f"http://{running.http_url}") as http:
+        cache = cache_of(running)
+        assert http.post("/v2/models/m00/infer", json=BODY).status_code == 200
+        assert "m00" in cache.residents
+        deadline = time.monotonic() + 5
+        while "m00" in cache.residents and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "m00" not in cache.residents
+        assert http.get("/v2/models/m00/ready").status_code == 200  # ready: it loads on its next request
+        assert http.post("/v2/models/m00/infer", json=BODY).status_code == 200
+        assert running.metric("switchyard_model_cache_evictions_total", reason="idle") == 1
+        assert running.metric("switchyard_model_cache_load_seconds_count", model="m00") == 2
+
+
+async def _acquire(leases, model: str, version: int) -> None:  # type: ignore[no-untyped-def]
+    leases.acquire(model, version)
+
+
+async def _release(leases, model: str, version: int) -> None:  # type: ignore[no-untyped-def]
+    leases.release(model, version)
