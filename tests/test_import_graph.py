@@ -15,6 +15,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("wiring", {"__init__", "cli", "settings_cli", "server", "app", "workers"}),
     ("edges", {"admin", "tuning", "rest", "grpc_api", "repository_api"}),
     ("data plane", {"dataplane"}),
+    ("capacity", {"capacity"}),
     ("versions", {"versions", "state"}),
     ("admission", {"shaping"}),
     ("backends", {"backends", "statistics"}),

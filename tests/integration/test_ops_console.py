@@ -382,7 +382,8 @@ def test_console_offers_a_read_only_token_no_action_and_an_operator_every_one(
     browser: Browser, repository: Path, tmp_path: Path
 ) -> None:
     """Tokens of the keys file: a read-only one sees the models and their figures, and no form or version button
-    (the API would refuse them with 403); an operator's sees them all. Who is signed in is shown beside sign-out."""
+    (the API would refuse them with 403); an operator's sees them all. Who is signed in is shown beside sign-out;
+    with the model cache on, whether a model is loaded."""
     keys_file = tmp_path / "keys.toml"
     viewer, oncall = (presented_admin_token(name, f"secret-of-{name}") for name in ("viewer", "oncall"))
     write_entries(keys_file, {}, {
@@ -391,12 +392,15 @@ def test_console_offers_a_read_only_token_no_action_and_an_operator_every_one(
     })
     shutil.copytree(repository / "mlp", tmp_path / "repository" / "mlp")
     with (
-        gateway_process(tmp_path / "repository", tmp_path, token=TOKEN, api_keys_file=str(keys_file)) as gateway,
+        # With the model cache on (and nothing sent yet), the card says the model is not loaded.
+        gateway_process(tmp_path / "repository", tmp_path, token=TOKEN, api_keys_file=str(keys_file),
+                        model_cache_mb="100") as gateway,
         console_page(browser, f"http://{gateway.http_url}") as console,
     ):
         console.open_link(viewer)
         card = console.model("mlp")
-        expect(card.locator('tr[data-version="2"] [data-field="state"]')).to_have_text("READY")
+        expect(console.field("mlp", "memory")).to_have_text("not loaded (loads on its next request)")
+        expect(card.locator('tr[data-version="2"] [data-field="state"]')).to_have_text("on disk, not loaded")
         expect(console.page.locator("#caller")).to_have_text("admin:viewer (read-only)")
         expect(card.get_by_role("button")).to_have_count(0)
         expect(card.locator("form")).to_have_count(0)

@@ -70,23 +70,13 @@ def overview(manager: VersionManager) -> dict[str, Any]:
             }
         )
     cache = manager.cache
-    return {"models": models, "cache": dict(cache.describe()) if cache is not None else None}
+    return {"models": models, "cache": cache.summary() if cache is not None else None}
 
 
 def _cache(manager: VersionManager, model: str) -> dict[str, Any] | None:
     """The model cache's view of the model (``SWITCHYARD_MODEL_CACHE_MB``): resident or not, its memory (measured,
     declared or estimated; when not resident, what its last load cost), seconds since its last request, pinned."""
-    cache = manager.cache
-    if cache is None:
-        return None
-    shown = cache.shown(model)
-    return {
-        "resident": shown.resident,
-        "memory_mb": round(shown.memory_mb, 2),
-        "memory_is": shown.how or None,
-        "idle_s": None if shown.idle_s is None else round(shown.idle_s, 1),
-        "pinned": model in cache.pinned,
-    }
+    return manager.cache.view(model) if manager.cache is not None else None
 
 
 def _traffic(manager: VersionManager, model: str) -> dict[str, Any] | None:

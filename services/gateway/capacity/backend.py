@@ -11,7 +11,7 @@ from typing import Any
 
 from services.gateway.backends.base import Backend
 from services.gateway.capacity.cache import ROOM_WAIT_S, ModelCache, room_wait_s
-from services.gateway.capacity.memory import Cost, MemoryDeclarationError
+from services.gateway.capacity.memory import Cost, LocalServer, Measure, MemoryDeclarationError, this_process
 from services.gateway.capacity.metrics import CacheMetrics
 from services.gateway.errors import InvalidInput
 from services.gateway.metrics import GatewayMetrics
@@ -27,10 +27,12 @@ class CachedBackend:
         self.inner = inner
         self.cache = cache
         self.shared_server = inner.shared_server
-        self.enforces_deadlines = inner.enforces_deadlines
-        self.forwards_parameters = inner.forwards_parameters
+        # As the data plane reads them: a backend that does not say does neither.
+        self.enforces_deadlines: bool = getattr(inner, "enforces_deadlines", False)
+        self.forwards_parameters: bool = getattr(inner, "forwards_parameters", False)
         for name in _PASSED:
-            setattr(self, name, getattr(inner, name))
+            if hasattr(inner, name):  # test doubles leave out what they do not serve
+                setattr(self, name, getattr(inner, name))
 
     def __getattr__(self, name: str) -> Any:
         """What the Backend protocol does not name (the Triton backend's shared-memory mirror, the embedded
@@ -57,13 +59,15 @@ class CachedBackend:
         cache.refuse_if_too_large(model, version, expected)
         async with cache.room:  # one load at a time: each measured alone, the budget never promised twice
             await cache.make_room(model, expected.mb, room_wait_s.get(ROOM_WAIT_S))
-            before = cache.measure() if cache.in_process else 0.0
+            before = cache.measure()
             await self.inner.load(model, version)
+            after = cache.measure()
             cost = floor
-            if cache.in_process:  # what the process grew by, unless the declaration or the files say more
-                grown = cache.measure() - before
+            if before is not None and after is not None:  # what it grew by, unless the declaration or files say more
+                grown = after - before
                 cost = Cost(grown, "measured") if grown > floor.mb else floor
             if cost.mb > cache.budget_mb:
+                cache.remember(model, version, cost)  # its next request is refused without loading it again
                 await self.inner.unload(model, version)
                 cache.refuse_if_too_large(model, version, cost)
             cache.loaded(model, version, cost)
@@ -87,5 +91,7 @@ def with_model_cache(
     """``backend`` wrapped by the model cache when ``SWITCHYARD_MODEL_CACHE_MB`` is set, and the cache."""
     if settings.model_cache_mb is None:
         return backend, None
-    cache = ModelCache(settings, catalog, metrics, CacheMetrics(metrics.registry), in_process=not backend.shared_server)
+    # The embedded backend's models live in this process; Triton's in its own, measured when it runs on this host.
+    measure: Measure = LocalServer(settings.triton_url) if backend.shared_server else this_process
+    cache = ModelCache(settings, catalog, metrics, CacheMetrics(metrics.registry), measure=measure)
     return CachedBackend(backend, cache), cache

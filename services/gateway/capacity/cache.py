@@ -16,18 +16,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from services.gateway.capacity.memory import Cost, declared_mb, files_mb, resident_mb
+from services.gateway.capacity.memory import Cost, Measure, declared_mb, files_mb, this_process
 from services.gateway.capacity.metrics import CacheMetrics
 from services.gateway.errors import DeadlineExceeded, GatewayError, Overloaded
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.repository import Catalog
 from services.gateway.settings import Settings, pinned
 from services.gateway.versions.progress import Progress, Steps
+from services.gateway.versions.routing import COLD
 
 if TYPE_CHECKING:
     from services.gateway.versions.manager import VersionManager
@@ -92,11 +93,9 @@ class ModelCache:
     """The gateway's, for the steps of a load on demand (``switchyard_swap_step_seconds``)."""
     figures: CacheMetrics
     clock: Callable[[], float] = time.monotonic
-    measure: Callable[[], float] = resident_mb
-    """The process's resident memory in MiB (the embedded backend's loads are measured by it)."""
-    in_process: bool = True
-    """Whether the models live in this process (embedded backend): then a load's cost is measured; else it is
-    declared or estimated from the model's files."""
+    measure: Measure = this_process
+    """The memory of what holds the models, MiB (this process on the embedded backend, a local Triton's process
+    tree): a load's cost is what it grew by. None when unmeasurable: then its declared or estimated cost."""
     residents: dict[str, Resident] = field(default_factory=dict)
     _known: dict[tuple[str, int], Cost] = field(default_factory=dict)
     """The last cost seen of each version, kept after it is unloaded: what its next load expects to need."""
@@ -252,6 +251,10 @@ class ModelCache:
     def startup_failed(self, model: str, version: int, error: Exception) -> None:
         log.error("model cache: pinned model '%s' version %d did not load at start: %s", model, version, error)
 
+    def remember(self, model: str, version: int, cost: Cost) -> None:
+        """What ``version`` cost when loaded: what its next load expects to need (and is refused for, when over)."""
+        self._known[model, version] = cost
+
     def loaded(self, model: str, version: int, cost: Cost) -> None:
         now = self.clock()
         resident = self.residents.get(model)
@@ -336,8 +339,21 @@ class ModelCache:
         hows = {cost.how for cost in resident.costs.values()}
         return CacheFigures(True, resident.mb, "/".join(sorted(hows)), self.clock() - resident.last_used)
 
-    def describe(self) -> Mapping[str, Any]:
+    def summary(self) -> dict[str, Any]:
         return {"budget_mb": self.budget_mb, "used_mb": round(self.used_mb, 1), "pinned": sorted(self.pinned)}
+
+    def view(self, model: str) -> dict[str, Any]:
+        shown = self.shown(model)
+        return {
+            "resident": shown.resident,
+            "memory_mb": round(shown.memory_mb, 2),
+            "memory_is": shown.how or None,
+            "idle_s": None if shown.idle_s is None else round(shown.idle_s, 1),
+            "pinned": model in self.pinned,
+        }
+
+    def reason(self, model: str) -> str:
+        return f"{COLD} ({self.shown(model).describe()})"
 
     def _resident_bytes(self, model: str) -> float:
         resident = self.residents.get(model)

@@ -1,16 +1,19 @@
-"""What a loaded model version costs in memory, and how that figure was come by: measured (the process's resident
-memory before and after the load, on the embedded backend), declared (``parameters { key: "switchyard.memory_mb"
-value { string_value: "N" } }`` in its config) or estimated (the size of its version folder's files, when a model
-server elsewhere holds it)."""
+"""What a loaded model version costs in memory, and how that figure was come by: measured (the resident memory before
+and after the load: of this process on the embedded backend, of the local Triton and its backend stubs when Triton
+runs on this host and its process can be seen), declared (``parameters { key: "switchyard.memory_mb" value {
+string_value: "N" } }`` in its config) or estimated (the size of its version folder's files, when a model server
+elsewhere holds it)."""
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import psutil
 from tritonclient.grpc import model_config_pb2
 
 DECLARED = "switchyard.memory_mb"
@@ -38,6 +41,57 @@ def resident_mb() -> float:
     """This process's resident memory (``/proc/self/statm``: no allocation beyond one small read)."""
     with open("/proc/self/statm", "rb") as statm:
         return int(statm.read().split()[1]) * _PAGE / MIB
+
+
+Measure = Callable[[], float | None]
+"""The memory a model server holds now, MiB; None when it cannot be measured (then a load's cost is its floor)."""
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def this_process() -> float | None:
+    return resident_mb()
+
+
+class LocalServer:
+    """The model server listening on ``address`` when it runs on this host: its resident memory and its children's
+    (Triton's python-backend stubs are processes of their own). Found at the first measure, and again while it is
+    not found (Triton may start after the gateway); None while it cannot be (another host, another container, a
+    process this one may not inspect)."""
+
+    def __init__(self, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        self._port = int(port) if host in LOOPBACK and port.isdigit() else None
+        self._process: psutil.Process | None = None
+
+    def __call__(self) -> float | None:
+        process = self._process or self._find()
+        if process is None:
+            return None
+        try:
+            tree = [process, *process.children(recursive=True)]
+            return sum(member.memory_info().rss for member in tree) / MIB
+        except psutil.Error:  # it stopped: look for it again at the next load
+            self._process = None
+            return None
+
+    def _find(self) -> psutil.Process | None:
+        if self._port is None:
+            return None
+        try:
+            listening = {
+                connection.pid for connection in psutil.net_connections(kind="tcp")
+                if connection.status == psutil.CONN_LISTEN and connection.laddr and connection.laddr.port == self._port
+                and connection.pid is not None
+            }
+        except psutil.Error:
+            return None
+        if len(listening) != 1:
+            return None
+        try:
+            self._process = psutil.Process(listening.pop())
+        except psutil.Error:
+            return None
+        return self._process
 
 
 def files_mb(folder: Path) -> float:

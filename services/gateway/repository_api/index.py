@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from services.gateway.tensors.types import VersionState
-from services.gateway.versions.routing import COLD, UNLOADED
+from services.gateway.versions.routing import UNLOADED
 
 if TYPE_CHECKING:
     from services.gateway.versions.manager import VersionManager
@@ -77,7 +77,7 @@ def _state(
     if problem is None and record is not None and record.unloaded:
         problem = UNLOADED
     if problem is None and manager.cache is not None and record is not None and version == record.stable:
-        problem = f"{COLD} ({manager.cache.shown(model).describe()})"
+        problem = manager.cache.reason(model)
     return UNAVAILABLE, problem or "not loaded"
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from services.gateway.backends.base import Backend
 from services.gateway.metrics import GatewayMetrics
@@ -20,8 +20,25 @@ from services.gateway.versions.routing import Router
 from services.gateway.versions.warmup import WarmedUp
 from services.gateway.versions.windows import TrafficWindows
 
-if TYPE_CHECKING:
-    from services.gateway.capacity.cache import ModelCache
+
+class OnDemand(Protocol):
+    """The model cache as the versions see it (``capacity/cache.py``; the versions never import it)."""
+
+    pinned: frozenset[str]
+
+    def attach(self, manager: Any) -> None:
+        """Start: the version manager whose locks, leases, router and warm-up it uses."""
+
+    async def close(self) -> None: ...
+
+    def view(self, model: str) -> dict[str, Any]:
+        """The model as the admin API shows it: resident, memory, how it was come by, idle seconds, pinned."""
+
+    def summary(self) -> dict[str, Any]:
+        """Budget, memory in use, pinned models."""
+
+    def reason(self, model: str) -> str:
+        """Why the routed version is not loaded, for the repository index."""
 
 
 class VersionContext(Protocol):
@@ -37,7 +54,7 @@ class VersionContext(Protocol):
     """The last report of each model's actions."""
     follow_failures: dict[tuple[str, int], float]
     """(model, generation) -> when following a routing record another gateway wrote failed."""
-    cache: ModelCache | None
+    cache: OnDemand | None
     """The model cache, when ``SWITCHYARD_MODEL_CACHE_MB`` is set: only pinned models load at start or follow the
     routing's loaded versions; the others load on demand."""
 

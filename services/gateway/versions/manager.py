@@ -11,7 +11,7 @@ import os
 import socket
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from services.gateway.backends.base import Backend
 from services.gateway.errors import BackendUnavailable, Conflict, GatewayError
@@ -22,6 +22,7 @@ from services.gateway.state import Event, RoutingRecord, StateBusy, StateError, 
 from services.gateway.state.records import now_iso
 from services.gateway.tensors.types import VersionState
 from services.gateway.versions.comparison import compare_versions
+from services.gateway.versions.context import OnDemand
 from services.gateway.versions.follow import poll, scan_repository
 from services.gateway.versions.leases import Leases
 from services.gateway.versions.node import NodeWorkers
@@ -35,9 +36,6 @@ from services.gateway.versions.startup import start_models
 from services.gateway.versions.traffic import watch_canaries
 from services.gateway.versions.warmup import WarmedUp, WarmupError, warm_up
 from services.gateway.versions.windows import TrafficWindows
-
-if TYPE_CHECKING:
-    from services.gateway.capacity.cache import ModelCache
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +73,7 @@ class VersionManager:
         self.last_replay: dict[str, dict[str, Any]] = {}
         """The last replay check's report of each model (an activation's ``verify_replay``), passed or not."""
         self._tasks: list[asyncio.Task[None]] = []
-        self.cache: ModelCache | None = None
+        self.cache: OnDemand | None = None
         """The model cache (``SWITCHYARD_MODEL_CACHE_MB``), set by the app before ``start``."""
         self.workers: NodeWorkers | None = None
         """The node's other workers, on the worker that runs its version actions once they all started

@@ -567,6 +567,13 @@ function syncForms(forms, status) {
   sync(forms.shadow, forms.shadowVersion, forms.percent, shadow, shadowPercent(shadow));
 }
 
+/** The model cache's view of a model (SWITCHYARD_MODEL_CACHE_MB): loaded or not, and its memory. */
+function memory(cache) {
+  const mb = `${cache.memory_mb.toFixed(1)} MiB${cache.memory_is ? ` (${cache.memory_is})` : ""}`;
+  if (cache.resident) return `loaded, ${mb}${cache.pinned ? ", pinned" : ""}`;
+  return cache.memory_is ? `not loaded (loads on its next request; last ${mb})` : "not loaded (loads on its next request)";
+}
+
 function renderCard(card, status, live) {
   const routing = status.routing || {};
   const traffic = status.traffic || {};
@@ -587,6 +594,7 @@ function renderCard(card, status, live) {
       field("Shadow", "shadow", shadowText(traffic.shadow || shadow)),
       field("Generation", "generation", routing.generation ?? "–"),
       field("Changed", "updated", when(routing.updated_at)),
+      status.cache ? field("Memory", "memory", memory(status.cache)) : null,
     ),
     status.problem ? h("p", { class: "error", text: status.problem }) : null,
     canary && canary.rolled_back ? h("p", { class: "error", text: `Canary pulled back: ${canary.rolled_back}` }) : null,
