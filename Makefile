@@ -113,6 +113,7 @@ bench: install
 	$(BIN)/python loadtests/bench_triton.py --repository $(REPO)
 	$(BIN)/python loadtests/bench_workers.py --repository $(REPO)
 	$(BIN)/python loadtests/bench_observability.py --repository $(REPO)
+	$(BIN)/python loadtests/bench_model_cache.py --repository $(REPO)
 
 # The GPU check (loadtests/gpu_check.py; docs/benchmarks.md, GPU check): the example classifier as TorchScript on CUDA
 # through the embedded backend, its answers against the CPU's, req/s at 1, 32 and 128 clients with 1 worker and one

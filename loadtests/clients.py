@@ -80,6 +80,19 @@ def http_request(url: str, body: bytes, headers: dict[str, str]) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
+async def exchange(streams: tuple[asyncio.StreamReader, asyncio.StreamWriter], request: bytes) -> tuple[int, bytes]:
+    """One request on a kept-alive connection: its status and body, read with a minimal HTTP/1.1 reader (the
+    gateway's answers carry a Content-Length)."""
+    reader, writer = streams
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line[:15].lower() == b"content-length:":
+            length = int(line[15:])
+    return int(head[9:12]), await reader.readexactly(length)
+
+
 async def run_http(
     url: str, body: bytes, headers: dict[str, str], concurrency: int, duration: float, warmup: float
 ) -> tuple[int, float, list[float]]:
@@ -90,19 +103,13 @@ async def run_http(
     free = list(connections)
 
     async def send() -> None:
-        reader, writer = free.pop()
+        streams = free.pop()
         try:
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            answer = await reader.readexactly(length)
-            if head[9:12] != b"200":
-                raise RuntimeError(f"{url} answered {head[9:12]!r}: {answer[:300]!r}")
+            status, answer = await exchange(streams, request)
+            if status != 200:
+                raise RuntimeError(f"{url} answered {status}: {answer[:300]!r}")
         finally:
-            free.append((reader, writer))
+            free.append(streams)
 
     try:
         return await closed_loop(send, concurrency, duration, warmup)

@@ -32,7 +32,6 @@ import multiprocessing
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -290,7 +289,7 @@ def gateways(repository: Path, worker_counts: Sequence[int], logs: Path) -> Iter
     import torch and open a CUDA context: started together, the lent machine's minutes go to measuring), each in a
     process session of its own; yields worker count -> HTTP port once every one of them serves the classifier.
     Stopped, whole sessions, on exit."""
-    from processes import free_ports
+    from processes import free_ports, stop_session
 
     started: dict[int, tuple[subprocess.Popen[bytes], int, Path]] = {}
     try:
@@ -302,7 +301,7 @@ def gateways(repository: Path, worker_counts: Sequence[int], logs: Path) -> Iter
         yield {workers: port for workers, (_, port, _) in started.items()}
     finally:
         for proc, _, _ in started.values():
-            stop_gateway(proc)
+            stop_session(proc)
 
 
 def start_gateway(repository: Path, workers: int, http_port: int, logs: Path) -> subprocess.Popen[bytes]:
@@ -316,15 +315,6 @@ def start_gateway(repository: Path, workers: int, http_port: int, logs: Path) ->
     with (logs / f"gateway-{workers}w.log").open("w") as out:
         return subprocess.Popen(command, cwd=Path(__file__).resolve().parent.parent, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop_gateway(proc: subprocess.Popen[bytes]) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def wait_ready(proc: subprocess.Popen[bytes], port: int, workers: int, log: Path) -> None:

@@ -3,6 +3,9 @@ ready (over HTTP or gRPC), and stop."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -48,6 +51,19 @@ def gateway_command(repository: Path, http_port: int, grpc_port: int, *options: 
         "--grpc-port",
         str(grpc_port),
     ]
+
+
+def stop_session(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a process started with ``start_new_session=True`` and everything it started (a supervisor's workers):
+    SIGTERM to its process group, SIGKILL after a minute."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 @contextmanager

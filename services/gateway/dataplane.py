@@ -248,6 +248,9 @@ class DataPlane:
                 version = self.router.route(model, request.version, header)
             except ColdVersion as cold:
                 version = await route_cold(self.cache, self.router, cold, request, header)
+            else:
+                if self.cache is not None:
+                    self.cache.touch(model)
             quota = request.quota
             if quota is not None:
                 quota.take()  # held for the whole sequence, as the lease is

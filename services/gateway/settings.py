@@ -229,9 +229,10 @@ class Settings(BaseSettings):
     (docs/model-cache.md). Unset: every model is loaded at start and stays loaded."""
     pinned_models: str = ""
     """Comma-separated models the model cache loads at start and never unloads."""
-    model_min_residency_s: float = 10.0
-    """With the model cache, a model loaded less than this long ago is not unloaded to make room (no churn when
-    traffic cycles through more models than fit)."""
+    model_min_residency_s: float = 0.0
+    """With the model cache, a model loaded less than this long ago is not unloaded to make room: a load that needs
+    its room waits (fewer reloads when traffic cycles through more models than fit, at the cost of miss latency).
+    0: the least recently used model goes as soon as it has served the requests it was loaded for."""
     model_idle_unload_s: float = 0.0
     """With the model cache, unload a model no request used for this long, budget or not; 0: only to make room."""
     log_level: str = "info"

@@ -4,11 +4,12 @@ Every load and unload of the node goes through ``CachedBackend`` (``capacity/bac
 room first and tells it the cost after; a request for a model whose routed version is not loaded waits in
 ``fault_in`` (one load per version however many wait: single flight), within its own deadline.
 
-What may be unloaded to make room, least recently used first, one model at a time and only as many as needed: a
-model that is not pinned, has no request in flight (its leases: the same count a drain waits for), is not in the
-middle of a version action, was loaded at least ``model_min_residency_s`` ago, and has served the requests that
-caused its load. When nothing may go, a load waits for room (a request within its deadline) rather than exceed the
-budget. ``model_idle_unload_s`` unloads a model no request used for that long, budget or not."""
+What may be unloaded to make room, one model at a time and only as many as needed: the least recently used model
+that is not pinned, has no request in flight (its leases: the same count a drain waits for), is not in the middle
+of a version action and has served the requests that caused its load, once it was loaded at least
+``model_min_residency_s`` ago (until then the load waits for it: a busier model is never unloaded in its place).
+When nothing may go, a load waits for room (a request within its deadline) rather than exceed the budget.
+``model_idle_unload_s`` unloads a model no request used for that long, budget or not."""
 
 from __future__ import annotations
 
@@ -297,26 +298,35 @@ class ModelCache:
                  model, reason, age, self.used_mb, self.budget_mb)
 
     def _victim(self, exclude: str) -> str | None:
-        manager = self._manager
-        assert manager is not None
+        """The least recently used model that may be unloaded, or None. Only the least recently used: when it is
+        younger than the minimum residency the load waits for it rather than unload a busier model in its place
+        (which would make the cache first-in-first-out under pressure, unloading the most used model the moment
+        it is old enough)."""
         now = self.clock()
-        candidates = [
+        movable = [
             (resident.last_used, model)
             for model, resident in self.residents.items()
-            if model != exclude and self._evictable(model, resident, now)
+            if model != exclude and self._movable(model, resident)
         ]
-        return min(candidates)[1] if candidates else None
+        if not movable:
+            return None
+        model = min(movable)[1]
+        return model if now - self.residents[model].loaded_at >= self.settings.model_min_residency_s else None
 
-    def _evictable(self, model: str, resident: Resident, now: float) -> bool:
+    def _movable(self, model: str, resident: Resident) -> bool:
+        """Whether ``model`` could be unloaded at all now: not pinned, not being unloaded, its load's requests
+        served, no version action on it, no request in flight."""
         manager = self._manager
         assert manager is not None
         if model in self.pinned or model in self._evicting or resident.awaiting_first:
             return False
-        if now - resident.loaded_at < self.settings.model_min_residency_s:
-            return False
         if manager.lock(model).locked():  # a version action (or another load) of it is under way
             return False
         return all(manager.leases.count(model, version) == 0 for version in resident.costs)
+
+    def _evictable(self, model: str, resident: Resident, now: float) -> bool:
+        old_enough = now - resident.loaded_at >= self.settings.model_min_residency_s
+        return old_enough and self._movable(model, resident)
 
     async def _sweep_idle(self) -> None:
         limit = self.settings.model_idle_unload_s
