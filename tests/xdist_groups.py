@@ -68,6 +68,7 @@ COST = {
     "tests/integration/test_triton_examples.py": 6,
     "tests/triton/test_model_cache_triton.py": 14,
     "tests/integration/test_model_cache.py": 10,
+    "tests/integration/test_no_secret_leaks.py": 8,
 }
 """Seconds a group takes on the two-core machine, roughly; groups not named here take a few at most."""
 
