@@ -22,9 +22,9 @@ install: $(VENV)/.installed triton-install $(KSERVE)/.installed-$(KSERVE_SPEC)
 UV_VERSION := 0.13.9
 UV_HOME := .tools/uv
 UV := $(UV_HOME)/bin/uv
-# BYTECODE: every module compiled at install, so the first `switchyard` command starts as fast as the later ones;
-# .ci/run sets it empty: its tests import a small part of torch and the rest, compiled as they are first imported
-# (~13 s less install on the 2-core machine).
+# BYTECODE: every module compiled at install, so the first `switchyard` command starts as fast as the later ones
+# (and every one does where PYTHONDONTWRITEBYTECODE is set); .ci/run sets it empty and lets Python write the cache
+# as its tests first import each module (a small part of torch): ~20 s less install on the 2-core machine.
 BYTECODE ?= --compile-bytecode
 UV_INSTALL = $(UV) pip install --quiet $(BYTECODE) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 
