@@ -43,7 +43,7 @@ for line in sys.stdin:
     if command[0] == "take":
         print(slots.try_take(int(command[1])), flush=True)
     elif command[0] == "leave":
-        slots.give_back()
+        slots.give_back(int(command[1]), idle=True)
         print("ok", flush=True)
     elif command[0] == "tokens":
         decisions = [limiter.take("tenant:acme", limit) for _ in range(int(command[1]))]
@@ -225,7 +225,7 @@ async def test_waiter_enters_when_another_process_leaves_and_when_a_killed_ones_
         waiting = asyncio.create_task(gate.enter(1, None))
         await asyncio.sleep(0.02)
         assert not waiting.done()
-        assert _ask(child, "leave") == "ok"
+        assert _ask(child, "leave 1") == "ok"
         await asyncio.wait_for(waiting, 10)
         assert _ask(child, "take 1") == "False"  # worker 0 holds the node's only slot now
 
@@ -245,3 +245,32 @@ def _write_at(path: Path, offset: int, data: bytes) -> None:
     with path.open("r+b") as file:
         file.seek(offset)
         file.write(data)
+
+
+def test_far_from_the_limit_a_worker_takes_slots_from_a_small_reserve_and_the_node_never_passes_the_limit(
+    share: NodeShare, other: NodeShare
+) -> None:
+    """A worker claims a few slots under the lock and serves the next takes from them; the node's cells never pass
+    the limit, what the workers run together falls short of it by one reserve at most, and a worker with nothing
+    left executing gives its reserve back whole."""
+    mine, theirs = NodeSlots(share, "m"), NodeSlots(other, "m")
+    index = share.slot("gate:m")
+    assert mine.try_take(64)
+    assert (share.executing(index), mine.executing) == (NodeSlots.BLOCK, 1)  # a block claimed, one slot used
+    assert all(mine.try_take(64) for _ in range(NodeSlots.BLOCK - 1))
+    assert share.executing(index) == NodeSlots.BLOCK  # served from the reserve: nothing more claimed
+
+    in_use = [NodeSlots.BLOCK, 0]
+    while mine.try_take(64) if in_use[0] < 40 else False:
+        in_use[0] += 1
+    while theirs.try_take(64):
+        in_use[1] += 1
+    assert share.executing(index) <= 64
+    assert 64 - NodeSlots.BLOCK <= sum(in_use) <= 64
+    theirs.give_back(64, idle=False)  # the node is near its limit: what they do not use goes back at once
+    assert theirs.executing == share.executing(index)  # no reserve of theirs counted any more
+    for left in range(in_use[1] - 2, -1, -1):
+        theirs.give_back(64, idle=left == 0)
+    for left in range(in_use[0] - 1, -1, -1):
+        mine.give_back(64, idle=left == 0)
+    assert share.executing(index) == 0

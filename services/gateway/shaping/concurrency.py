@@ -102,7 +102,7 @@ class ModelGate:
         if latency_s is not None and self._adaptive is not None:
             self._adaptive.observe(latency_s)
         if self._node is not None:
-            self._node.give_back()
+            self._node.give_back(self.limit, idle=not self.inflight and not self.waiting)
             self._admit_from_node(self._node)
             return
         while self.waiting and self.inflight < self.limit:
@@ -117,7 +117,7 @@ class ModelGate:
         while self.waiting and node.try_take(self.limit):
             waiter = self._pop_best()
             if waiter is None:
-                node.give_back()
+                node.give_back(self.limit, idle=not self.inflight)
                 return
             self.inflight += 1
             waiter.future.set_result(None)

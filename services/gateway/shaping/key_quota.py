@@ -53,7 +53,7 @@ class KeySlots:
     def give_back(self) -> None:
         self.inflight -= 1
         if self._node is not None:
-            self._node.give_back()
+            self._node.give_back(self.limit, idle=not self.inflight)
 
     def _busy(self, inflight: int) -> KeyBusy:
         if self._refused is not None:

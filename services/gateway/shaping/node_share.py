@@ -207,35 +207,60 @@ class NodeShare:
 
 class NodeSlots:
     """One model's executing requests across the node, for ``ModelGate`` (or one API key's requests in flight,
-    ``kind="key"``): a cell per worker, each written only by its worker; the node's count is their sum."""
+    ``kind="key"``): a cell per worker, each written only by its worker; the node's count is their sum, and never
+    passes the limit.
 
-    __slots__ = ("_index", "_share")
+    A worker's cell counts what it executes plus a small reserve: taking one slot under the file lock for every
+    request kept two busy workers queueing on that lock (9 % of the throughput and of the CPU per request at 32
+    clients), so a worker claims a few slots at once and serves the next requests from its reserve without the lock.
+    The reserve is small (``BLOCK``, and less near the limit), and given back whole as soon as the worker has
+    nothing executing or the node is close to its limit: a few slots at most stay unused while another worker
+    waits."""
+
+    __slots__ = ("_index", "_share", "_spare")
+    BLOCK = 4
+    """Slots claimed at once at most, and kept in reserve at most."""
 
     def __init__(self, share: NodeShare, model: str, *, kind: str = "gate") -> None:
         """``kind``: what is counted (``gate``: a model's executing requests; ``key``: an API key's in flight)."""
         self._share = share
         self._index = share.slot(f"{kind}:{model}")
+        self._spare = 0
+        """Slots counted in this worker's cell and not used by any request yet."""
 
     @property
     def executing(self) -> int:
-        """The node's count (read without the lock: for messages and gauges)."""
-        return self._share.executing(self._index)
+        """The node's count less this worker's reserve (read without the lock: for messages and gauges)."""
+        return self._share.executing(self._index) - self._spare
 
     def try_take(self, limit: int) -> bool:
-        """Takes a slot for this worker when the node executes fewer than ``limit``: sum, compare and increment
-        under the lock, so two workers never both take the last slot. Never lock-free, not even far from the limit: a
-        worker's store to its cell may sit in its core's store buffer while it reads the others' cells, so two
-        workers could each miss the other's take; the lock's system calls order them."""
+        """Takes a slot for this worker: from its reserve, else under the lock when the node holds fewer than
+        ``limit`` (sum, compare and add in one critical section, so two workers never both take the last slot; a
+        worker's store to its cell may sit in its core's store buffer while it reads the others' cells, and the
+        lock's system calls order them). Far from the limit it claims a few slots at once: the reserve."""
+        if self._spare:
+            self._spare -= 1
+            return True
         share = self._share
         with share.lock:
-            if share.executing(self._index) >= limit:
+            free = limit - share.executing(self._index)
+            if free <= 0:
                 return False
-            share.add_own(self._index, 1)
+            claim = max(1, min(self.BLOCK, free // (2 * share.workers)))
+            share.add_own(self._index, claim)
+        self._spare = claim - 1
         return True
 
-    def give_back(self) -> None:
-        """Frees a slot this worker took (its own cell: no lock, see ``NodeShare.add_own``)."""
-        self._share.add_own(self._index, -1)
+    def give_back(self, limit: int, *, idle: bool) -> None:
+        """Frees a slot this worker took (its own cell: no lock, see ``NodeShare.add_own``). ``idle``: the worker
+        has nothing left executing here; then, and when the node is near ``limit``, the whole reserve goes back."""
+        self._spare += 1
+        keep = self.BLOCK
+        if idle or limit - self._share.executing(self._index) < self.BLOCK * self._share.workers:
+            keep = 0
+        if self._spare > keep:
+            self._share.add_own(self._index, keep - self._spare)
+            self._spare = keep
 
 
 def _stored_name(name: str) -> bytes:
