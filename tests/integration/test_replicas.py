@@ -119,3 +119,38 @@ def test_replicas_follow_each_other_and_survive_restarts_and_a_redis_outage(
     wait_for_stable(a, "mlp", 2, timeout_s=2.0)
     assert served(a) == served(b) == "2"
     print(f"\nreplica B followed a switch on A in {followed_s * 1e3:.0f} ms")
+
+
+@pytest.mark.slow
+def test_replicas_with_a_model_cache_share_the_routing_and_each_loads_only_for_its_own_requests(
+    repository: Path, tmp_path: Path
+) -> None:
+    """Routing stays shared through Redis; what is loaded is each replica's own: an activation through one replica
+    routes the other, which loads the new version only when a request of its own asks for it."""
+    root = tmp_path / "repository"
+    shutil.copytree(repository / "mlp", root / "mlp")
+
+    def resident(gateway: GatewayProcess) -> bool:
+        answer = httpx.get(f"http://{gateway.http_url}/admin/models/mlp", headers=ADMIN).json()
+        return bool(answer["cache"]["resident"])
+
+    with ExitStack() as stack:
+        redis = stack.enter_context(redis_server(tmp_path / "redis"))
+        replicas = []
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            replicas.append(stack.enter_context(
+                gateway_process(root, tmp_path / name, token=TOKEN, redis_url=redis.url, model_cache_mb="200")
+            ))
+        a, b = replicas
+        assert (resident(a), resident(b)) == (False, False)  # routed at start, loaded by no one yet
+        assert served(a) == "2"
+        assert (resident(a), resident(b)) == (True, False)
+
+        switched = httpx.post(f"http://{a.http_url}/admin/models/mlp/versions/1/activate", headers=ADMIN)
+        assert switched.status_code == 200, switched.text
+        wait_for_stable(b, "mlp", 1)
+        assert resident(b) is False  # b follows the routing without loading version 1 for nobody
+        assert served(b) == "1"
+        assert resident(b) is True
+        assert served(a) == "1"
