@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -28,6 +29,8 @@ class GatewayProcess:
     http_port: int = 0
     grpc_port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    ready_tls: tuple[str, str, str] | None = None
+    """(CA file, client certificate, client key) when the gateway serves HTTPS with client certificates."""
 
     def __post_init__(self) -> None:
         if not self.http_port or not self.grpc_port:  # picked together: one after another they may come out equal
@@ -48,9 +51,16 @@ class GatewayProcess:
         with self.log.open("ab") as output:
             self.process = subprocess.Popen(command, env=self.env, stdout=output, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
+        scheme, verify = "http", True
+        if self.ready_tls is not None:
+            ca_file, cert_file, key_file = self.ready_tls
+            context = ssl.create_default_context(cafile=ca_file)
+            context.load_cert_chain(cert_file, key_file)
+            scheme, verify = "https", context
         while True:
             try:
-                if httpx.get(f"http://{self.http_url}/v2/health/ready", timeout=2.0).status_code == 200:
+                answer = httpx.get(f"{scheme}://{self.http_url}/v2/health/ready", timeout=2.0, verify=verify)
+                if answer.status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -77,9 +87,11 @@ class GatewayProcess:
 
 @contextmanager
 def gateway_process(
-    repository: Path, work: Path, *, token: str, options: tuple[str, ...] = (), **settings: str
+    repository: Path, work: Path, *, token: str, options: tuple[str, ...] = (),
+    ready_tls: tuple[str, str, str] | None = None, **settings: str
 ) -> Iterator[GatewayProcess]:
-    """``options`` go to ``switchyard serve``; ``settings`` become ``SWITCHYARD_<NAME>`` variables."""
+    """``options`` go to ``switchyard serve``; ``settings`` become ``SWITCHYARD_<NAME>`` variables; ``ready_tls``:
+    (CA, client certificate, client key) for a gateway serving HTTPS with client certificates."""
     switchyard = Path(sys.executable).with_name("switchyard")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_")}
     env.update(
@@ -89,7 +101,7 @@ def gateway_process(
     )
     env.update({f"SWITCHYARD_{name.upper()}": value for name, value in settings.items()})
     gateway = GatewayProcess([str(switchyard), "serve", "--repository", str(repository), *options], env,
-                             work / "gateway.log")
+                             work / "gateway.log", ready_tls=ready_tls)
     gateway.start()
     try:
         yield gateway

@@ -18,6 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from services.gateway.settings import Settings
 from tests.gateway_harness import RunningGateway, running_gateway
+from tests.gateway_process import gateway_process
 from tests.tls.certificates import Authority, Issued, make_authority, serial_of
 
 pytestmark = pytest.mark.slow
@@ -126,3 +127,27 @@ def until_served(port: int, pki: Pki, serial: int, timeout_s: float = 10.0) -> i
         time.sleep(0.1)
         seen = served_serial(port, pki)
     return seen
+
+
+def test_every_worker_serves_tls_with_client_certificates_over_both_protocols(pki: Pki, tmp_path: Path) -> None:
+    """``serve --workers 2``: each worker opens the shared ports with the same TLS settings; several connections
+    (spread over the workers by the kernel) are all served with a certificate and refused without one."""
+    server = pki.ca.issue(tmp_path, "server", server=True)  # its own: another test renews the module's on disk
+    settings = {"tls_cert_file": str(server.cert_file), "tls_key_file": str(server.key_file),
+                "tls_client_ca_file": str(pki.ca.cert_file), "workers": "2"}
+    (tmp_path / "repository").mkdir()
+    client_files = (str(pki.ca.cert_file), str(pki.client.cert_file), str(pki.client.key_file))
+    with gateway_process(tmp_path / "repository", tmp_path, token="tls-workers", ready_tls=client_files,
+                         **settings) as node:
+        served = {served_serial(node.http_port, pki) for _ in range(8)} | {served_serial(node.grpc_port, pki)}
+        for _ in range(4):
+            with grpcclient.InferenceServerClient(node.grpc_url, ssl=True, root_certificates=str(pki.ca.cert_file),
+                                                  private_key=str(pki.client.key_file),
+                                                  certificate_chain=str(pki.client.cert_file)) as client:
+                assert client.is_server_live()
+        without_certificate = httpclient.InferenceServerClient(
+            node.http_url, ssl=True, connection_timeout=5.0, ssl_options={"ca_certs": str(pki.ca.cert_file)}
+        )
+        with pytest.raises(REFUSED):
+            without_certificate.is_server_live()
+    assert served == {server.serial}
