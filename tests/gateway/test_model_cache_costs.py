@@ -35,7 +35,7 @@ async def test_without_a_measure_a_load_counts_its_files_as_an_estimate(tmp_path
     await backend.load("double", 2)
 
     assert cache.view("double") == {"resident": True, "memory_mb": 3.0, "memory_is": "estimated", "idle_s": 0.0,
-                                    "pinned": False}
+                                    "pinned": False, "unloaded_by": None}
 
 
 async def test_without_a_measure_a_load_counts_its_declaration(tmp_path: Path) -> None:

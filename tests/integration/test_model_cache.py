@@ -119,6 +119,7 @@ async def test_a_model_with_a_request_in_flight_is_never_unloaded_and_a_pinned_o
 
     assert {"m00", "m11"} <= kept
     assert "m00" not in cache.residents  # its request done, it is the least recently used again: unloaded
+    assert cache.view("m00")["unloaded_by"] == "capacity"
     assert "m11" in cache.residents
 
 
@@ -147,6 +148,7 @@ def test_an_idle_model_is_unloaded_and_comes_back_on_demand(example_repository: 
         while "m00" in cache.residents and time.monotonic() < deadline:
             time.sleep(0.05)
         assert "m00" not in cache.residents
+        assert cache.view("m00")["unloaded_by"] == "idle"  # what the admin API and the console show
         assert http.get("/v2/models/m00/ready").status_code == 200  # ready: it loads on its next request
         assert http.post("/v2/models/m00/infer", json=BODY).status_code == 200
         assert running.metric("switchyard_model_cache_evictions_total", reason="idle") == 1

@@ -100,6 +100,8 @@ class ModelCache:
     residents: dict[str, Resident] = field(default_factory=dict)
     _known: dict[tuple[str, int], Cost] = field(default_factory=dict)
     """The last cost seen of each version, kept after it is unloaded: what its next load expects to need."""
+    _unloaded_by: dict[str, str] = field(default_factory=dict)
+    """Why the cache last unloaded each model it unloaded (``capacity``, ``idle``), until it is loaded again."""
     _loading: dict[tuple[str, int], asyncio.Task[None]] = field(default_factory=dict)
     _evicting: dict[str, asyncio.Event] = field(default_factory=dict)
     room: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -264,6 +266,7 @@ class ModelCache:
             self.figures.resident.labels(model).set_function(lambda: self._resident_bytes(model))
         resident.costs[version] = cost
         self._known[model, version] = cost
+        self._unloaded_by.pop(model, None)
 
     def unloaded(self, model: str, version: int) -> None:
         resident = self.residents.get(model)
@@ -292,6 +295,7 @@ class ModelCache:
                 manager.router.evicting(model, version, False)
             del self._evicting[model]
             done.set()
+        self._unloaded_by[model] = reason
         self.figures.evictions.labels(reason).inc()
         self.figures.age_at_eviction.observe(age)
         log.info("model cache: unloaded model '%s' (%s; loaded %.1f s ago; %.0f of %.0f MiB in use now)",
@@ -360,6 +364,7 @@ class ModelCache:
             "memory_is": shown.how or None,
             "idle_s": None if shown.idle_s is None else round(shown.idle_s, 1),
             "pinned": model in self.pinned,
+            "unloaded_by": self._unloaded_by.get(model),
         }
 
     def reason(self, model: str) -> str:

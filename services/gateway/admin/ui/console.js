@@ -571,7 +571,8 @@ function syncForms(forms, status) {
 function memory(cache) {
   const mb = `${cache.memory_mb.toFixed(1)} MiB${cache.memory_is ? ` (${cache.memory_is})` : ""}`;
   if (cache.resident) return `loaded, ${mb}${cache.pinned ? ", pinned" : ""}`;
-  return cache.memory_is ? `not loaded (loads on its next request; last ${mb})` : "not loaded (loads on its next request)";
+  const why = { capacity: "unloaded to make room", idle: "unloaded as idle" }[cache.unloaded_by] || "not loaded";
+  return cache.memory_is ? `${why} (loads on its next request; last ${mb})` : `${why} (loads on its next request)`;
 }
 
 function renderCard(card, status, live) {
