@@ -191,6 +191,8 @@ def create_app(
     windows, shadows = TrafficWindows(), ShadowRunner(backend, leases, metrics, settings.shadow_max_pending)
     manager = VersionManager(settings, catalog, backend, router, leases, store, metrics, windows, shadows)
     manager.cache = cache
+    if cache is not None:  # a canary's or shadow's version the cache has not loaded is loaded in the background
+        router.prefetch = shadows.prefetch = cache.prefetch
     shaper = Shaper(settings, metrics, share=node.share if node is not None else None)
     # One AdminAuth for every admin surface: the keys file's admin tokens are re-read with the API keys.
     admin_auth = AdminAuth(settings.admin_token, shaper.keys)

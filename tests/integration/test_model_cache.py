@@ -161,3 +161,42 @@ async def _acquire(leases, model: str, version: int) -> None:  # type: ignore[no
 
 async def _release(leases, model: str, version: int) -> None:  # type: ignore[no-untyped-def]
     leases.release(model, version)
+
+
+def test_a_canary_and_a_shadow_version_the_cache_unloaded_are_loaded_again_in_the_background(
+    example_repository: Path, tmp_path: Path
+) -> None:
+    """m00 with a canary (version 1 at 50 %) and m01 with a shadow (version 1): both models unloaded to make room,
+    then asked again. The request loads the stable version; the canary's and the shadow's versions follow in the
+    background, and their traffic resumes."""
+    repository = copies(example_repository, tmp_path / "repository", MODELS[:7])
+    token = "cache-canary-token"
+    settings = Settings(repository=repository, port=0, grpc_port=0, repository_poll_s=0, model_cache_mb=45,
+                        admin_token=token)  # type: ignore[arg-type]
+    admin = {"Authorization": f"Bearer {token}"}
+    with running_gateway(settings) as running, httpx.Client(base_url=f"http://{running.http_url}", timeout=30) as http:
+        cache = cache_of(running)
+        assert http.put("/admin/models/m00/traffic", json={"canary": 1, "weight": 50}, headers=admin).is_success
+        assert http.put("/admin/models/m01/shadow", json={"version": 1, "percent": 100}, headers=admin).is_success
+        for model in MODELS[2:7]:  # five more models through a budget of four (m00 and m01 hold two versions each)
+            assert http.post(f"/v2/models/{model}/infer", json=BODY).status_code == 200
+        assert "m00" not in cache.residents
+        assert "m01" not in cache.residents
+
+        versions: set[str] = set()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (versions != {"1", "2"} or loaded(cache, "m01") != [1, 2]):
+            answer = http.post("/v2/models/m00/infer", json=BODY)
+            assert answer.status_code == 200, answer.text
+            versions.add(answer.headers["x-model-version"])
+            assert http.post("/v2/models/m01/infer", json=BODY).status_code == 200
+            time.sleep(0.02)
+
+    assert versions == {"1", "2"}  # the canary serves its share again
+    assert loaded(cache, "m00") == [1, 2]
+    assert loaded(cache, "m01") == [1, 2]  # the shadow's version is back for its copies
+
+
+def loaded(cache, model: str) -> list[int]:  # type: ignore[no-untyped-def]
+    resident = cache.residents.get(model)
+    return sorted(resident.costs) if resident is not None else []

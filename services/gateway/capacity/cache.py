@@ -171,6 +171,22 @@ class ModelCache:
                 "start of the model cache; it goes on loading)"
             ) from None
 
+    def prefetch(self, model: str, version: int) -> None:
+        """Load ``version`` in the background, for no request in particular: a canary's or shadow's version that is
+        not loaded (its traffic goes to the stable version, or is not copied, until it is). Once at a time."""
+        key = (model, version)
+        if key in self._loading or self._manager is None or self._manager.backend.state(model, version) is not None:
+            return
+        task = asyncio.get_running_loop().create_task(self._bring_in(model, version, ROOM_WAIT_S), name=f"load {model}")
+        self._loading[key] = task
+        task.add_done_callback(lambda done: self._prefetched(key, done))
+
+    def _prefetched(self, key: tuple[str, int], task: asyncio.Task[None]) -> None:
+        self._loading.pop(key, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("model cache: loading model '%s' version %d for its canary or shadow failed: %s",
+                        key[0], key[1], task.exception())
+
     async def _bring_in(self, model: str, version: int, wait_s: float) -> None:
         manager = self._manager
         assert manager is not None, "attach() the version manager first"

@@ -64,6 +64,9 @@ class Router:
         self.on_demand = False
         """The model cache is on: a routed version that is not loaded is loaded for the request (``ColdVersion``),
         and a model whose routed version is not loaded is ready all the same."""
+        self.prefetch: Callable[[str, int], None] | None = None
+        """The model cache's background load, for a canary version that is not loaded (its share goes to the
+        stable version meanwhile)."""
 
     @property
     def records(self) -> Mapping[str, RoutingRecord]:
@@ -93,9 +96,11 @@ class Router:
             canary = record.canary
             if canary is not None and canary.weight > 0 and _canary_side(canary, header):
                 # A canary that cannot serve right now (its server lost it) leaves its share on the stable version.
-                ready = self._backend.state(model, canary.version) is VersionState.READY
-                if ready and (model, canary.version) not in self._warming:
+                state = self._backend.state(model, canary.version)
+                if state is VersionState.READY and (model, canary.version) not in self._warming:
                     return canary.version
+                if state is None and self.prefetch is not None:
+                    self.prefetch(model, canary.version)
         elif model not in self._catalog.entries:
             raise unknown_model(model)
         state = self._backend.state(model, version)

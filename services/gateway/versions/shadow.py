@@ -8,6 +8,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -33,6 +34,8 @@ class ShadowRunner:
         self.observer: Observer | None = None
         """Traces and the inference log (set by the app when either is on): a shadow call is a trace of its own,
         linked to the request it copies, and a record with the route ``shadow``."""
+        self.prefetch: Callable[[str, int], None] | None = None
+        """The model cache's background load, for a shadow version that is not loaded (set by the app)."""
 
     def offer(self, policy: ShadowPolicy, request: InferRequest, answer: InferResponse) -> None:
         """Called on the hot path after an unversioned answer: samples, and starts the shadow run without
@@ -43,7 +46,10 @@ class ShadowRunner:
         if len(self._pending) >= self._max_pending:
             self._metrics.shadow_requests.labels(model, "dropped").inc()
             return
-        if self._backend.state(model, policy.version) is not VersionState.READY:
+        state = self._backend.state(model, policy.version)
+        if state is not VersionState.READY:
+            if state is None and self.prefetch is not None:
+                self.prefetch(model, policy.version)  # the model cache loads it for the copies that follow
             self._metrics.shadow_requests.labels(model, "unavailable").inc()
             return
         task = asyncio.get_running_loop().create_task(self._run(policy.version, request, answer))
