@@ -44,7 +44,7 @@ COST = {
     "tests/triton/test_repository_api_triton.py": 37,
     "tests/tritonlocal/test_lifecycle.py": 30,
     "tests/deploy/test_compose_topology.py": 30,
-    "tests/integration/test_ops_console.py": 28,
+    "tests/integration/test_ops_console.py": 36,
     "tests/integration/test_hostile_load.py": 25,
     "tests/integration/test_openapi_schemathesis.py": 22,
     "tests/triton/test_swap_under_load.py": 20,
@@ -67,7 +67,9 @@ COST = {
     "tests/exporter/test_examples.py": 10,
     "tests/integration/test_triton_examples.py": 6,
     "tests/triton/test_model_cache_triton.py": 14,
-    "tests/integration/test_model_cache.py": 10,
+    "tests/integration/test_model_cache.py": 22,
+    "tests/integration/test_replicas.py": 20,
+    "tests/tls/test_listeners.py": 10,
     "tests/integration/test_no_secret_leaks.py": 8,
 }
 """Seconds a group takes on the two-core machine, roughly; groups not named here take a few at most."""

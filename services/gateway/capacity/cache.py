@@ -156,7 +156,7 @@ class ModelCache:
             wait_s = ROOM_WAIT_S if deadline is None else max(0.0, deadline - time.monotonic())
             task = asyncio.get_running_loop().create_task(self._bring_in(model, version, wait_s), name=f"load {model}")
             self._loading[key] = task
-            task.add_done_callback(lambda _: self._loading.pop(key, None))
+            task.add_done_callback(lambda done: self._loaded(key, done))
         else:
             self.figures.requests.labels("miss_waiting").inc()
         if deadline is None:
@@ -180,6 +180,13 @@ class ModelCache:
         task = asyncio.get_running_loop().create_task(self._bring_in(model, version, ROOM_WAIT_S), name=f"load {model}")
         self._loading[key] = task
         task.add_done_callback(lambda done: self._prefetched(key, done))
+
+    def _loaded(self, key: tuple[str, int], task: asyncio.Task[None]) -> None:
+        """A load for requests ended: its failure went to every request that waited for it (also when all of them
+        gave up waiting: retrieved here, asyncio does not report it as lost)."""
+        self._loading.pop(key, None)
+        if not task.cancelled():
+            task.exception()
 
     def _prefetched(self, key: tuple[str, int], task: asyncio.Task[None]) -> None:
         self._loading.pop(key, None)
