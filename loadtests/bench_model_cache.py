@@ -32,11 +32,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,9 +44,9 @@ from typing import Any
 import numpy as np
 import uvloop
 from clients import binary_body, exchange, http_request
+from gateway_readings import SAMPLE_S, MemorySampler, by_label, histogram, scrape
 from options import bench_parser
 from processes import free_ports, stop_session
-from prometheus_client.parser import text_string_to_metric_families
 from workload import MODELS, ROOT, ensure_repository, export_all_versions
 
 from services.tritonlocal import LocalTriton, TritonInstall
@@ -56,11 +55,9 @@ FIT = 8
 """How many copies the budget holds."""
 ZIPF_S = 1.1
 ADMIN_TOKEN = secrets.token_urlsafe(24)
-PAGE = os.sysconf("SC_PAGE_SIZE")
 MIB = 2**20
 MEMORY_SLACK = 1.2
 """The gateway's resident memory in traffic stays within (idle + budget) x this."""
-SAMPLE_S = 0.1
 IDLE_UNLOAD_S = 0.5
 """The cold-load gateway unloads a model this long after its last request, so that the next request loads it."""
 
@@ -207,105 +204,6 @@ async def zipf_traffic(url: str, copies: dict[str, str], args: argparse.Namespac
     await asyncio.gather(*(client(index) for index in range(args.clients)))
     traffic.seconds = time.perf_counter() - started
     return traffic
-
-
-class MemorySampler:
-    """The process's resident memory (``/proc/PID/statm``) every ``SAMPLE_S``, from a thread of its own: the
-    event loop driving the clients may be busy when a sample is due."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def resident_mib(self) -> float:
-        with open(f"/proc/{self.pid}/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * PAGE / MIB
-
-    def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_S):
-            try:
-                self.samples.append(self.resident_mib())
-            except OSError:
-                return
-
-    def __enter__(self) -> MemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-# -- reading /metrics --------------------------------------------------------------------------------------------
-@dataclass
-class Histogram:
-    count: float
-    total: float
-    buckets: list[tuple[float, float]]
-    """(upper bound, cumulative count), ascending, +Inf last."""
-
-    def mean(self) -> float:
-        return self.total / self.count if self.count else math.nan
-
-    def quantile(self, q: float) -> str:
-        """The bucket the ``q`` quantile falls in: the buckets are wide (0.25-0.5-1-2.5 s), and a value
-        interpolated inside one would claim a precision the histogram does not have."""
-        if not self.count:
-            return "n/a"
-        lower = 0.0
-        for bound, cumulative in self.buckets:
-            if cumulative >= q * self.count:
-                return f"> {lower:g} s" if math.isinf(bound) else f"{lower:g}-{bound:g} s"
-            lower = bound
-        return "n/a"
-
-    def spread(self) -> str:
-        """How many observations fell in each bucket, the empty ones left out."""
-        parts, lower, below = [], 0.0, 0.0
-        for bound, cumulative in self.buckets:
-            if cumulative > below:
-                upper = f"> {lower:g}" if math.isinf(bound) else f"{lower:g}-{bound:g}"
-                parts.append(f"{cumulative - below:.0f} at {upper} s")
-            lower, below = bound, cumulative
-        return ", ".join(parts) or "none"
-
-
-def scrape(url: str) -> dict[str, list[tuple[str, dict[str, str], float]]]:
-    """Every sample of the gateway's /metrics by family name: (sample name, labels, value)."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
-        text = answer.read().decode()
-    return {family.name: [(s.name, s.labels, s.value) for s in family.samples]
-            for family in text_string_to_metric_families(text)}
-
-
-def by_label(metrics: dict[str, list[tuple[str, dict[str, str], float]]], family: str,
-             label: str) -> defaultdict[str, float]:
-    """A counter's value by one label (its ``_total`` samples; not ``_created``)."""
-    found: defaultdict[str, float] = defaultdict(float)
-    for name, labels, value in metrics.get(family, []):
-        if name.endswith("_total") or name == family:
-            found[labels.get(label, "")] += value
-    return found
-
-
-def histogram(metrics: dict[str, list[tuple[str, dict[str, str], float]]], family: str,
-              model: str | None = None) -> Histogram:
-    """The family's histogram, its series added up (or only ``model``'s)."""
-    count, total = 0.0, 0.0
-    buckets: defaultdict[float, float] = defaultdict(float)
-    for name, labels, value in metrics.get(family, []):
-        if model is not None and labels.get("model") != model:
-            continue
-        if name.endswith("_count"):
-            count += value
-        elif name.endswith("_sum"):
-            total += value
-        elif name.endswith("_bucket"):
-            buckets[float(labels["le"])] += value
-    return Histogram(count, total, sorted(buckets.items()))
 
 
 # -- the two measurements ----------------------------------------------------------------------------------------

@@ -30,9 +30,7 @@ import asyncio
 import json
 import multiprocessing
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,10 +54,6 @@ DEFAULT_CLIENTS = "1,32,128"
 QUEUE_DELAY_US = 2000
 """The exporter's default; the embedded batcher spends it only while recent batches were bigger (a lone client's
 request goes at once)."""
-READY_TIMEOUT_S = 240.0
-"""Sixteen workers each import torch and open a CUDA context before the node is ready."""
-REFUSED_FOR_S = 10.0
-"""How long the model may stay unready on a listening gateway before the check takes it for refused."""
 WARMUP_S = 1.0
 WARMUP_CALLS = 3
 EXIT_FAILED = 1
@@ -283,93 +277,6 @@ def ceiling(artifact: Path, device: str, batch: int, seconds: float) -> float:
 # --- 4. the gateway ----------------------------------------------------------------------------------------------
 
 
-@contextmanager
-def gateways(repository: Path, worker_counts: Sequence[int], logs: Path) -> Iterator[dict[int, int]]:
-    """``switchyard serve`` once per worker count, all started at once (a GPU node's workers each take seconds to
-    import torch and open a CUDA context: started together, the lent machine's minutes go to measuring), each in a
-    process session of its own; yields worker count -> HTTP port once every one of them serves the classifier.
-    Stopped, whole sessions, on exit."""
-    from processes import free_ports, stop_session
-
-    started: dict[int, tuple[subprocess.Popen[bytes], int, Path]] = {}
-    try:
-        for workers in worker_counts:
-            port = free_ports(1)[0]
-            started[workers] = (start_gateway(repository, workers, port, logs), port, logs / f"gateway-{workers}w.log")
-        for workers, (proc, port, log) in started.items():
-            wait_ready(proc, port, workers, log)
-        yield {workers: port for workers, (_, port, _) in started.items()}
-    finally:
-        for proc, _, _ in started.values():
-            stop_session(proc)
-
-
-def start_gateway(repository: Path, workers: int, http_port: int, logs: Path) -> subprocess.Popen[bytes]:
-    from processes import free_ports
-
-    command = [sys.executable, "-c", "from services.cli import main; main()", "serve", "--repository",
-               str(repository), "--port", str(http_port), "--grpc-port", str(free_ports(1)[0]), "--workers",
-               str(workers)]
-    env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_WORKERS"}
-    env["SWITCHYARD_STATE_PATH"] = str(logs / f"state-{workers}w" / "routing.json")
-    with (logs / f"gateway-{workers}w.log").open("w") as out:
-        return subprocess.Popen(command, cwd=Path(__file__).resolve().parent.parent, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def wait_ready(proc: subprocess.Popen[bytes], port: int, workers: int, log: Path) -> None:
-    """Until the classifier is ready on every worker. Its ready route alone is not enough: the first worker listens
-    before the others have started, so the node's per-worker metrics must name all of them. A worker listens only
-    once its models are loaded, so a model that stays unready while it listens was refused: the check stops then
-    with the reason (a ``KIND_GPU`` model on a process without a usable GPU, say) rather than at the deadline."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    refused_since: float | None = None
-    while True:
-        ready, refusal = readiness(port, workers)
-        if ready:
-            return
-        now = time.monotonic()
-        refused_since = None if refusal is None else refused_since or now
-        if proc.poll() is not None:
-            raise RuntimeError(f"the {workers}-worker gateway exited with status {proc.returncode} before {MODEL} was "
-                               f"ready; its log: {log}\n{_tail(log)}")
-        if refused_since is not None and now - refused_since > REFUSED_FOR_S:
-            raise RuntimeError(f"the {workers}-worker gateway listens but {MODEL} is not ready: {refusal}")
-        if now > deadline:
-            raise RuntimeError(f"the {workers}-worker gateway did not serve {MODEL} on all its workers within "
-                               f"{READY_TIMEOUT_S:.0f} s; its log: {log}\n{_tail(log)}")
-        time.sleep(0.25)
-
-
-def readiness(port: int, workers: int) -> tuple[bool, str | None]:
-    """Whether the classifier is ready on all ``workers``, and the reason the gateway gives when it is not."""
-    base = f"http://127.0.0.1:{port}"
-    try:
-        with urllib.request.urlopen(f"{base}/v2/models/{MODEL}/ready", timeout=2):
-            pass
-        if workers == 1:
-            return True, None
-        with urllib.request.urlopen(f"{base}/metrics?workers=each", timeout=5) as answer:
-            text = answer.read().decode()
-    except urllib.error.HTTPError as refused:  # listening, and the model not ready: the answer says why
-        return False, refusal_reason(refused.code, refused.read())
-    except OSError:  # not listening yet
-        return False, None
-    return len(set(re.findall(r'switchyard_active_version\{[^}]*worker="(\d+)"', text))) >= workers, None
-
-
-def refusal_reason(status: int, body: bytes) -> str:
-    try:
-        answer = json.loads(body)
-    except ValueError:
-        return f"HTTP {status}: {body[:300]!r}"
-    return str(answer.get("error", answer)) if isinstance(answer, dict) else f"HTTP {status}: {answer}"
-
-
-def _tail(log: Path, lines: int = 30) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-
-
 def infer_binary(port: int, rows: Floats) -> Floats:
     """The classifier's logits for ``rows``, sent and answered in the binary tensor extension."""
     from clients import binary_body
@@ -465,12 +372,14 @@ def phase(report: Report, name: str) -> Iterator[None]:
 
 def serve_and_measure(report: Report, args: argparse.Namespace, repository: Path, logs: Path) -> None:
     """Parity and throughput with 1 worker, then with ``--workers`` (once, when that is 1 too)."""
+    from gpu_gateways import gateways
+
     torch_device = "cuda:0" if args.device == "cuda" else "cpu"
     counts = sorted({1, args.workers})
     spawn = multiprocessing.get_context("spawn")
     with spawn.Pool(args.client_processes, initializer=prepare_client) as pool, ExitStack() as stack:
         with phase(report, f"gateways start ({' and '.join(map(str, counts))} worker(s) on {torch_device})"):
-            ports = stack.enter_context(gateways(repository, counts, logs))
+            ports = stack.enter_context(gateways(repository, MODEL, counts, logs))
         for workers, port in ports.items():
             with phase(report, f"gateway, {workers} worker(s)"):
                 measure(report, pool, port, workers, args)

@@ -51,12 +51,21 @@ class GatewayProcess:
         with self.log.open("ab") as output:
             self.process = subprocess.Popen(command, env=self.env, stdout=output, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
-        scheme, verify = "http", True
+        scheme: str = "http"
+        verify: bool | ssl.SSLContext = True
         if self.ready_tls is not None:
             ca_file, cert_file, key_file = self.ready_tls
             context = ssl.create_default_context(cafile=ca_file)
             context.load_cert_chain(cert_file, key_file)
             scheme, verify = "https", context
+        try:
+            self._wait_ready(scheme, verify, deadline)
+        except BaseException:
+            self.kill()  # whatever went wrong (a bad client setting, an interrupt), no gateway is left running
+            raise
+
+    def _wait_ready(self, scheme: str, verify: bool | ssl.SSLContext, deadline: float) -> None:
+        assert self.process is not None
         while True:
             try:
                 answer = httpx.get(f"{scheme}://{self.http_url}/v2/health/ready", timeout=2.0, verify=verify)
@@ -65,7 +74,6 @@ class GatewayProcess:
             except httpx.HTTPError:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:
-                self.kill()
                 raise RuntimeError(f"the gateway did not get ready; its log:\n{self.log.read_text()[-4000:]}")
             time.sleep(0.1)
 

@@ -1,8 +1,6 @@
-"""The gateway's core: readiness, metadata and inference over a ``Backend``, shared by REST and gRPC.
-
-It knows nothing of HTTP or gRPC; front ends translate to and from its types and ``GatewayError``s. Every
-request is routed (``Router``) and holds a lease on its version (``Leases``) until its answer is ready.
-"""
+"""``DataPlane``: readiness, metadata and inference over a ``Backend``, shared by REST and gRPC; its streamed
+requests are ``decoupled.py``'s (a mixin). Every request is routed (``Router``) and holds a lease on its version
+(``Leases``) until its answer is ready."""
 
 from __future__ import annotations
 
@@ -11,7 +9,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2
@@ -19,6 +17,7 @@ from tritonclient.grpc import model_config_pb2
 from services.gateway.backends.base import Backend
 from services.gateway.capacity.cache import ModelCache
 from services.gateway.capacity.demand import route_cold
+from services.gateway.dataplane.decoupled import StreamedRequests
 from services.gateway.errors import (
     DeadlineExceeded,
     GatewayError,
@@ -56,7 +55,7 @@ FORWARDED_EXTENSIONS = ("parameters", "sequence")
 """Listed when the backend hands request parameters to the model server (Triton: its sequence batcher too)."""
 
 
-class DataPlane:
+class DataPlane(StreamedRequests):
     def __init__(
         self,
         catalog: Catalog,
@@ -175,12 +174,9 @@ class DataPlane:
         observer = self.observer
         try:
             try:
-                version = self.router.route(model, request.version, header)
+                version = self._routed(request, header)
             except ColdVersion as cold:  # the model cache loads it for this request
                 version = await route_cold(self.cache, self.router, cold, request, header)
-            else:
-                if self.cache is not None:
-                    self.cache.touch(model)
             quota = request.quota
             if quota is not None:
                 quota.take()  # the key's own share first: a key over it takes none of the model's slots
@@ -225,92 +221,13 @@ class DataPlane:
                 self.shadows.offer(record.shadow, *detach(request, response))
         return response
 
-    async def infer_stream(
-        self, request: InferRequest, *, protocol: str, header: Header | None = None
-    ) -> AsyncGenerator[InferResponse, None]:
-        """Every response to one request, in order, the last with ``final`` set: a model that answers once gives one
-        (``infer``). Streaming front ends (gRPC ``ModelStreamInfer``, HTTP ``generate_stream``) call this.
-
-        A decoupled model's request takes the steps ``infer`` takes (route, lease, validate, gate, deadline, count
-        once), held for its whole sequence: a drain waits for its last response, and its lease keeps the version
-        loaded until then. Closing the generator early (``aclose``: the client went away) releases both at once and
-        cancels the request in the model server."""
-        model = request.model
-        if not self._decoupled(model):
-            yield await self.infer_once_streamed(request, protocol=protocol, header=header)
-            return
-        started = time.perf_counter()
-        watched = request.version is None and model in self.windows.watched
-        version: int | None = None
-        count = 0
-        try:
-            try:
-                version = self.router.route(model, request.version, header)
-            except ColdVersion as cold:
-                version = await route_cold(self.cache, self.router, cold, request, header)
-            else:
-                if self.cache is not None:
-                    self.cache.touch(model)
-            quota = request.quota
-            if quota is not None:
-                quota.take()  # held for the whole sequence, as the lease is
-            leases = self.leases
-            leases.acquire(model, version)
-            try:
-                metadata = await self.backend.metadata(model, version)
-                await self._check_streamed(request, metadata, version)
-                gate = self._queue_gate(request)
-                if gate is not None:
-                    await gate.enter(request.priority, request.deadline)
-                began = time.perf_counter()
-                try:
-                    timeout_s = None if request.deadline is None else request.deadline - time.monotonic()
-                    if timeout_s is not None and timeout_s <= 0:
-                        raise self._expired(request, "while it waited for a free slot")
-                    responses = self.backend.infer_stream(
-                        request, version=version, timeout_s=timeout_s, priority=request.priority
-                    )
-                    async for response in responses:
-                        if request.classification and response.outputs:
-                            await self._classify(request, metadata, response, version)
-                        if request.outputs is not None and response.outputs:
-                            response.outputs = _present(request.outputs, response.outputs)
-                        if count == 0:
-                            self._observe_first(model, version, started)
-                        count += 1
-                        yield response
-                finally:
-                    # None: how long a decoupled request runs is the model's pace, not a load the adaptive limit
-                    # should react to.
-                    if gate is not None:
-                        gate.leave(None)
-            finally:
-                leases.release(model, version)
-                if quota is not None:
-                    quota.give_back()
-        except Exception as exc:
-            error = self._failed(exc, request, version, protocol, watched, started)
-            if error is exc:
-                raise
-            raise error from exc
-        # No shadow copy: a shadow compares one answer, and would double the model's work for every response.
-        ended = time.perf_counter()
-        self._succeeded(request, version, protocol, watched, ended - started, ended - began)
-        self.metrics.stream_responses.labels(model).observe(count)
-
-    def decoupled(self, model: str) -> bool:
-        """Whether ``model`` may send several responses per request (Triton's decoupled transaction policy)."""
-        return self._decoupled(model)
-
-    async def infer_once_streamed(
-        self, request: InferRequest, *, protocol: str, header: Header | None = None
-    ) -> InferResponse:
-        """``infer_stream`` of a model that answers once, without the generator: a stream's common case, whose
-        per-request cost is what a stream is for."""
-        started = time.perf_counter()
-        response = await self.infer(request, protocol=protocol, header=header)
-        self._observe_stream(request.model, response.version, started, 1)
-        return response
+    def _routed(self, request: InferRequest, header: Header | None) -> int:
+        """The version the router sends ``request`` to, the model marked as used for the model cache; raises
+        ``ColdVersion`` when the cache has to load it first (``capacity.demand.route_cold``)."""
+        version = self.router.route(request.model, request.version, header)
+        if self.cache is not None:
+            self.cache.touch(request.model)
+        return version
 
     def record_error(
         self, model: str, version: int | str | None, protocol: str, error: GatewayError, tenant: str = ANONYMOUS
@@ -358,35 +275,6 @@ class DataPlane:
         self.metrics.tenant(request.tenant, "200").inc()
         if watched:
             self.windows.observe(model, version, 200, elapsed)
-
-    def _observe_stream(self, model: str, version: int, started: float, responses: int) -> None:
-        """A streamed request of a model that answers once: its one response is its first and its last."""
-        series = self._stream_series.get((model, version))
-        if series is None:  # looked up once per model version: a stream's requests are many and cheap
-            model_label, version_label = self._labels(model, version)
-            series = self._stream_series[(model, version)] = (
-                self.metrics.first_response.labels(model_label, version_label),
-                self.metrics.stream_responses.labels(model_label),
-            )
-        series[0].observe(time.perf_counter() - started)
-        series[1].observe(responses)
-
-    def _observe_first(self, model: str, version: int, started: float) -> None:
-        model_label, version_label = self._labels(model, version)
-        self.metrics.first_response.labels(model_label, version_label).observe(time.perf_counter() - started)
-
-    async def _check_streamed(self, request: InferRequest, metadata: ModelMetadata, version: int) -> None:
-        """``infer``'s checks before the model runs, for a decoupled model's request."""
-        validate(request, metadata)
-        if request.parameters:
-            await self._check_parameters(request, version)
-        if request.classification:
-            check_classes(request.classification, metadata)
-        if request.output_regions:
-            raise InvalidInput(
-                f"model '{request.model}' is decoupled (many responses per request): its outputs cannot go to "
-                "shared memory, where each response would overwrite the last; ask for them in the responses"
-            )
 
     def _queue_gate(self, request: InferRequest) -> ModelGate | None:
         """The model's concurrency gate to wait at (``None``: no cap), once the deadline allows queueing."""
@@ -498,13 +386,6 @@ class DataPlane:
 def _answers_once(model: str) -> bool:
     """A backend that does not say whether a model is decoupled: none is."""
     return False
-
-
-def _present(names: tuple[str, ...], outputs: list[InferOutput]) -> list[InferOutput]:
-    """The outputs asked for, in the order asked, of those a decoupled model's response carries (it may send some
-    outputs in one response and others in the next)."""
-    by_name = {output.name: output for output in outputs}
-    return [by_name[name] for name in names if name in by_name]
 
 
 def format_duration(seconds: float) -> str:
