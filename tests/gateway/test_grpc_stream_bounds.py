@@ -17,7 +17,7 @@ from scripted_backend import ScriptedBackend
 from tritonclient.grpc import service_pb2
 
 from services.gateway.app import create_app
-from services.gateway.grpc_api.stream import StreamService
+from services.gateway.grpc_api.stream import StreamService, _Exchange
 from services.gateway.settings import Settings
 from tests.waiting import wait_until_async
 
@@ -132,3 +132,21 @@ async def test_shutdown_delivers_the_answers_in_flight_then_ends_the_stream_unav
     assert sorted(answer.infer_response.id for answer in got) == ["0", "1", "2"]
     with pytest.raises(Aborted):  # a stream opened now is refused at once
         await collect(streams.serve(Sender(1).__aiter__(), Call(), lambda name: None, (None, None, None)), [])
+
+
+async def test_answers_wait_for_room_when_the_client_stops_reading() -> None:
+    """Twice the stream's in-flight limit of answers may wait unread; a request's next answer then waits for the
+    writer to take one, and a waiting request that is cancelled (its client went away) leaves the others waiting."""
+    exchange = _Exchange(max_inflight=2)
+    for index in range(4):
+        await exchange.put(index)
+    fifth = asyncio.create_task(exchange.put(4))
+    sixth = asyncio.create_task(exchange.put(5))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert (fifth.done(), sixth.done()) == (False, False)
+    sixth.cancel()
+    assert exchange.take() == 0
+    await asyncio.wait_for(fifth, 1)
+    assert list(exchange.answers) == [1, 2, 3, 4]
+    assert sixth.cancelled()

@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
-from typing import Any, Final
+from collections import deque
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2
@@ -35,10 +36,81 @@ from services.gateway.versions.routing import Header
 
 PROTOCOL = "grpc"
 SPAN_NAME = "inference.GRPCInferenceService/ModelStreamInfer"
-_TASK_DONE: Final = object()
-"""Put on the answer queue when a request's last answer is in, ``_READER_DONE`` when the stream's requests are over:
-wake-up calls for a writer waiting on an empty queue, which then checks whether the stream is over."""
-_READER_DONE: Final = object()
+
+
+class _Exchange:
+    """One stream's requests in flight and answers waiting to be written, and the two tasks that wait on them: the
+    reader (for a free slot) and the writer (for an answer, or the stream's end). A request costs a few list and
+    counter operations here, where asyncio's Queue and Semaphore would each cost a loop lookup and a waiter deque.
+
+    The requests in flight are counted, not read off their tasks: a task's last answer is queued before the task
+    object is done, and the writer must not wait for an answer no one will send."""
+
+    __slots__ = ("answers", "inflight", "reading", "_max_inflight", "_room", "_reader", "_writer", "_senders")
+
+    def __init__(self, max_inflight: int) -> None:
+        self.answers: deque[Any] = deque()
+        self.inflight = 0
+        self.reading = True
+        self._max_inflight = max_inflight
+        self._room = 2 * max_inflight
+        """Answers that may wait for the client to read them: past it a request's next answer waits (a decoupled
+        model's many responses, held back by a client that stops reading)."""
+        self._reader: asyncio.Future[None] | None = None
+        self._writer: asyncio.Future[None] | None = None
+        self._senders: asyncio.Future[None] | None = None
+
+    async def slot(self) -> None:
+        """Return once another request may be served: the next one is read only then (backpressure)."""
+        while self.inflight >= self._max_inflight:
+            self._reader = asyncio.get_running_loop().create_future()
+            await self._reader
+
+    def finished(self) -> None:
+        """A request's answers are all queued."""
+        self.inflight -= 1
+        _wake(self._reader)
+        if not self.inflight:  # a writer waiting on no answers may now end the stream (or time it out)
+            _wake(self._writer)
+
+    def stopped_reading(self) -> None:
+        self.reading = False
+        _wake(self._writer)
+
+    async def put(self, answer: Any) -> None:
+        while len(self.answers) >= self._room:
+            if self._senders is None or self._senders.done():
+                self._senders = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._senders)  # shared by every waiting sender: one cancelled must not end it
+        self.answers.append(answer)
+        _wake(self._writer)
+
+    def take(self) -> Any:
+        """The next answer to write (``None``: none waits)."""
+        if not self.answers:
+            return None
+        answer = self.answers.popleft()
+        _wake(self._senders)
+        return answer
+
+    async def wait(self, timeout_s: float | None) -> bool:
+        """Wait for an answer or a change in the stream's state; False when ``timeout_s`` passed first."""
+        loop = asyncio.get_running_loop()
+        waiter = self._writer = loop.create_future()
+        timer = None if timeout_s is None else loop.call_later(timeout_s, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            self._writer = None
+        if timer is None:
+            return True
+        timer.cancel()
+        return bool(self.answers) or self.inflight > 0 or not self.reading
+
+
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
 
 
 class StreamService:
@@ -70,78 +142,54 @@ class StreamService:
         ``admission`` is its API key, timeout and priority, read once for the whole stream."""
         if self._closing.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the gateway is shutting down: open the stream elsewhere")
-        answers: asyncio.Queue[object] = asyncio.Queue(maxsize=2 * self._max_inflight)
-        slots = asyncio.Semaphore(self._max_inflight)
+        exchange = _Exchange(self._max_inflight)
         serving: set[asyncio.Task[None]] = set()
-        # Counted here, not read off the tasks: a task's last answer (and its _TASK_DONE) is queued before the task
-        # object is done, and the writer must not wait for an answer that no one will send.
-        inflight = 0
-        reading = True
         half_closed = False
 
-        async def serve_one(request: Any) -> None:
-            nonlocal inflight
-            try:
-                tracing = self._tracing()
-                if tracing is None:
-                    await self._serve(request, context, header, admission, answers)
-                else:  # each request of the stream its own server span (in its own task: its own current trace)
-                    trace = tracing.server(SPAN_NAME, header, {"switchyard.model": request.model_name,
-                                                               "switchyard.protocol": PROTOCOL})
-                    CURRENT.set(trace)
-                    try:
-                        await self._serve(request, context, header, admission, answers)
-                    finally:
-                        trace.end()
-            finally:
-                inflight -= 1
-                slots.release()
-                # A wake-up call, needed only by a writer that may be waiting on an empty queue while this was the
-                # last request in flight (its answer woke the writer before this count dropped: a decoupled request
-                # closing its responses). Otherwise an answer in the queue, or another request's, wakes it.
-                if not inflight and answers.empty():
-                    answers.put_nowait(_TASK_DONE)
+        def serve_one(request: Any) -> Coroutine[Any, Any, None]:
+            tracing = self._tracing()
+            if tracing is None:
+                return self._serve(request, context, header, admission, exchange)
+            return self._traced(tracing, request, context, header, admission, exchange)
 
         async def read() -> None:
-            nonlocal inflight, reading, half_closed
+            nonlocal half_closed
             try:
                 stream = aiter(requests)
                 while True:
-                    await slots.acquire()  # backpressure: the next request is read only when a slot is free
+                    await exchange.slot()
                     try:
                         request = await anext(stream)
                     except StopAsyncIteration:
                         half_closed = True
                         return
-                    inflight += 1
+                    exchange.inflight += 1
                     task = asyncio.create_task(serve_one(request))
                     serving.add(task)
                     task.add_done_callback(serving.discard)
             finally:
-                reading = False
-                with contextlib.suppress(asyncio.QueueFull):
-                    answers.put_nowait(_READER_DONE)  # a wake-up call only: a full queue wakes the writer anyway
+                exchange.stopped_reading()
 
         metrics = self._dataplane.metrics.open_streams.labels(PROTOCOL)
         metrics.inc()
         reader = asyncio.create_task(read())
         self._open.add(reader)
+        idle_timeout_s = self._idle_timeout_s
         try:
-            while reading or inflight or not answers.empty():
-                idle = not inflight and self._idle_timeout_s > 0 and reading
-                try:
-                    async with asyncio.timeout(self._idle_timeout_s if idle else None):
-                        answer = await answers.get()
-                except TimeoutError:
-                    if inflight or not answers.empty():
-                        continue  # a request arrived as the timer fired
+            while True:
+                answer = exchange.take()
+                if answer is not None:
+                    yield answer
+                    continue
+                if not exchange.reading and not exchange.inflight:
+                    break
+                idle = not exchange.inflight and idle_timeout_s > 0
+                if not await exchange.wait(idle_timeout_s if idle else None):
                     await context.abort(
                         grpc.StatusCode.DEADLINE_EXCEEDED,
-                        f"stream idle for {self._idle_timeout_s:g} s (SWITCHYARD_STREAM_IDLE_TIMEOUT_S): no request "
+                        f"stream idle for {idle_timeout_s:g} s (SWITCHYARD_STREAM_IDLE_TIMEOUT_S): no request "
                         "in flight and none arriving",
                     )
-                if answer is not _TASK_DONE and answer is not _READER_DONE:
-                    yield answer
             if self._closing.is_set() and not half_closed:
                 await context.abort(
                     grpc.StatusCode.UNAVAILABLE,
@@ -156,47 +204,64 @@ class StreamService:
                 await reader
             metrics.dec()
 
+    async def _traced(
+        self, tracing: Tracing, request: Any, context: grpc.aio.ServicerContext[Any, Any], header: Header,
+        admission: tuple[str | None, str | None, str | None], exchange: _Exchange,
+    ) -> None:
+        """``_serve`` in a server span of its own (in its own task: its own current trace)."""
+        trace = tracing.server(SPAN_NAME, header, {"switchyard.model": request.model_name,
+                                                   "switchyard.protocol": PROTOCOL})
+        CURRENT.set(trace)
+        try:
+            await self._serve(request, context, header, admission, exchange)
+        finally:
+            trace.end()
+
     async def _serve(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any], header: Header,
-        admission: tuple[str | None, str | None, str | None], answers: asyncio.Queue[object],
+        admission: tuple[str | None, str | None, str | None], exchange: _Exchange,
     ) -> None:
-        """Put one request's answers on the stream's queue: its responses, or one error response naming it."""
-        started = time.monotonic()
-        dataplane = self._dataplane
-        shaper = dataplane.shaper
-        admitted = Admitted()
-        api_key, timeout, priority = admission
+        """A request's task: put its answers on the stream, its responses or one error response naming it. One
+        coroutine for the request's own steps (each level of awaiting costs on every suspension and resumption)."""
         try:
-            await shaper.admit(admitted, request.model_name, PROTOCOL, api_key=api_key, size=request.ByteSize())
-            decoded = decode_request(request, tensor_regions(dataplane.regions, admitted.tenant))
-            shaper.shape(decoded, admitted, started, timeout=timeout, priority=priority,
-                         call_remaining_s=context.time_remaining())
-        except GatewayError as exc:
-            dataplane.record_error(request.model_name, request.model_version, PROTOCOL, exc, admitted.tenant)
-            await answers.put(_error(request.id, exc))
-            return
-        except Exception as exc:
-            error = unexpected(exc, "a request on a gRPC stream")
-            dataplane.record_error(request.model_name, request.model_version, PROTOCOL, error, admitted.tenant)
-            await answers.put(_error(request.id, error))
-            return
-        try:
-            if not dataplane.decoupled(decoded.model):  # the common case, without a generator per request
-                response = await dataplane.infer_once_streamed(decoded, protocol=PROTOCOL, header=header)
-                await answers.put(_answer(response))
+            started = time.monotonic()
+            dataplane = self._dataplane
+            shaper = dataplane.shaper
+            admitted = Admitted()
+            api_key, timeout, priority = admission
+            try:
+                await shaper.admit(admitted, request.model_name, PROTOCOL, api_key=api_key, size=request.ByteSize())
+                decoded = decode_request(request, tensor_regions(dataplane.regions, admitted.tenant))
+                shaper.shape(decoded, admitted, started, timeout=timeout, priority=priority,
+                             call_remaining_s=context.time_remaining())
+            except GatewayError as exc:
+                dataplane.record_error(request.model_name, request.model_version, PROTOCOL, exc, admitted.tenant)
+                await exchange.put(_error(request.id, exc))
                 return
-            # aclosing: a cancelled request (the client went away) ends its responses and releases its lease at once,
-            # not whenever the abandoned generator is collected.
-            responses = dataplane.infer_stream(decoded, protocol=PROTOCOL, header=header)
-            async with contextlib.aclosing(responses):
-                async for response in responses:
-                    await answers.put(_answer(response))
-        except GatewayError as exc:  # counted by the dataplane
-            await answers.put(_error(request.id, exc))
-        except Exception as exc:
-            error = unexpected(exc, "a request on a gRPC stream")
-            dataplane.record_error(decoded.model, decoded.version, PROTOCOL, error, admitted.tenant)
-            await answers.put(_error(request.id, error))
+            except Exception as exc:
+                error = unexpected(exc, "a request on a gRPC stream")
+                dataplane.record_error(request.model_name, request.model_version, PROTOCOL, error, admitted.tenant)
+                await exchange.put(_error(request.id, error))
+                return
+            try:
+                if not dataplane.decoupled(decoded.model):  # the common case, without a generator per request
+                    response = await dataplane.infer_once_streamed(decoded, protocol=PROTOCOL, header=header)
+                    await exchange.put(_answer(response))
+                    return
+                # aclosing: a cancelled request (the client went away) ends its responses and releases its lease at
+                # once, not whenever the abandoned generator is collected.
+                responses = dataplane.infer_stream(decoded, protocol=PROTOCOL, header=header)
+                async with contextlib.aclosing(responses):
+                    async for response in responses:
+                        await exchange.put(_answer(response))
+            except GatewayError as exc:  # counted by the dataplane
+                await exchange.put(_error(request.id, exc))
+            except Exception as exc:
+                error = unexpected(exc, "a request on a gRPC stream")
+                dataplane.record_error(decoded.model, decoded.version, PROTOCOL, error, admitted.tenant)
+                await exchange.put(_error(request.id, error))
+        finally:
+            exchange.finished()
 
 
 def _answer(response: InferResponse) -> Any:
