@@ -55,11 +55,12 @@ def from_config(data_type: int) -> str:
 
 def checked_shape(shape: Sequence[int], tensor: str) -> tuple[int, ...]:
     """The dims as a tuple when a tensor may have them; each codec checks the element count against its data."""
-    if len(shape) > MAX_RANK:
-        raise InvalidInput(f"input '{tensor}': 'shape' has {len(shape)} dims; at most {MAX_RANK} are supported")
-    if shape and (min(shape) < 0 or max(shape) > MAX_DIM):
-        raise InvalidInput(f"input '{tensor}': 'shape' must be a list of non-negative integers, got {list(shape)}")
-    return tuple(shape)
+    dims = tuple(shape)  # once: each pass over a protobuf repeated field costs a wrapper per element
+    if len(dims) > MAX_RANK:
+        raise InvalidInput(f"input '{tensor}': 'shape' has {len(dims)} dims; at most {MAX_RANK} are supported")
+    if dims and (min(dims) < 0 or max(dims) > MAX_DIM):
+        raise InvalidInput(f"input '{tensor}': 'shape' must be a list of non-negative integers, got {list(dims)}")
+    return dims
 
 
 def shaped(data: Array, shape: tuple[int, ...], tensor: str) -> Array:
