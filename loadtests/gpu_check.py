@@ -234,6 +234,12 @@ def build_repository(root: Path, device: str, instances: int) -> Path:
     config.input.add(name=models.CLASSIFIER_INPUT, data_type=mc.TYPE_FP32, dims=list(models.CLASSIFIER_SHAPE))
     config.output.add(name=models.CLASSIFIER_OUTPUT, data_type=mc.TYPE_FP32, dims=[models.CLASSIFIER_CLASSES])
     config.dynamic_batching.max_queue_delay_microseconds = QUEUE_DELAY_US
+    # Each worker runs it WARMUP_CALLS times as it loads the model: TorchScript's profiling executor optimizes the
+    # graph over its first calls, which would otherwise stall the first measured requests.
+    warmup = config.model_warmup.add(name="random", batch_size=1, count=WARMUP_CALLS)
+    warmup.inputs[models.CLASSIFIER_INPUT].data_type = mc.TYPE_FP32
+    warmup.inputs[models.CLASSIFIER_INPUT].dims.extend(models.CLASSIFIER_SHAPE)
+    warmup.inputs[models.CLASSIFIER_INPUT].random_data = True
     if device == "cuda":
         config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_GPU, count=instances, gpus=[0])
     else:
@@ -393,6 +399,11 @@ def measure(report: Report, pool: Any, port: int, workers: int, args: argparse.N
     for clients in args.clients:
         measured = throughput(pool, port, workers, clients, args.client_processes, args.seconds)
         report.throughput.append(measured)
+        if not measured.requests:  # a figure of 0 req/s would read as a measurement
+            report.failures.append(
+                f"gateway, {workers} worker(s), {clients} clients: no request was answered within the measured "
+                f"{args.seconds:g} s; see the gateway's log, or measure longer (--seconds)"
+            )
         print(f"   {clients:>4} clients: {measured.requests_per_s:9.0f} req/s", flush=True)
 
 

@@ -128,6 +128,22 @@ async def test_activate_serves_the_version_with_a_note_when_the_warm_up_it_inven
     assert registry.get_sample_value("switchyard_invented_warmup_failures_total", labels) == 1
 
 
+async def test_activate_runs_a_declared_warm_up_sample_its_count_of_times(
+    client: httpx.AsyncClient, backend: ScriptedBackend
+) -> None:
+    """Triton runs a ``model_warmup`` sample ``count`` times as it loads the version; on a backend that does not
+    (this one, as the embedded one), the gateway does."""
+    backend.extra_config = DECLARED_WARMUP.replace("batch_size: 1", "batch_size: 1 count: 3")
+    before = len(backend.calls)
+    response = await admin(client, "/versions/2/activate")
+    assert response.status_code == 200, response.text
+    once = len([call for call in backend.calls[before:] if call[0] == 2])
+    backend.extra_config = DECLARED_WARMUP
+    before = len(backend.calls)
+    assert (await admin(client, "/versions/3/activate")).status_code == 200
+    assert once - len([call for call in backend.calls[before:] if call[0] == 3]) == 2
+
+
 async def test_activate_unloads_the_new_version_when_its_declared_warm_up_fails(
     client: httpx.AsyncClient, backend: ScriptedBackend, registry: CollectorRegistry
 ) -> None:

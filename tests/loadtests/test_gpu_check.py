@@ -51,7 +51,7 @@ def test_client_counts_other_than_positive_integers_are_refused(text: str) -> No
 
 @pytest.mark.slow
 def test_the_cpu_dry_run_checks_parity_and_measures_every_run_with_1_and_2_workers(tmp_path: Path) -> None:
-    command = [sys.executable, "loadtests/gpu_check.py", "--device", "cpu", "--seconds", "0.3", "--workers", "2",
+    command = [sys.executable, "loadtests/gpu_check.py", "--device", "cpu", "--seconds", "0.5", "--workers", "2",
                "--clients", "1,4", "--out", str(tmp_path)]
 
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)

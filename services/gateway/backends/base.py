@@ -30,6 +30,10 @@ class Backend(Protocol):
     """Whether ``infer`` hands a request's own parameters (``InferRequest.parameters``) to the model (Triton passes
     them to its backends, the sequence ones to its sequence batcher); the dataplane refuses them otherwise."""
 
+    runs_model_warmup: bool
+    """Whether the model server runs a version's ``model_warmup`` itself as it loads it, each sample ``count`` times
+    (Triton): the gateway's warm-up then sends each declared sample once, to check its answer."""
+
     async def adopt(self, model: str, versions: Collection[int]) -> None:
         """Another gateway changed the model's versions on the shared server: want exactly ``versions`` (what the
         routing record says the gateways keep loaded) from now on, without asking the server for anything."""

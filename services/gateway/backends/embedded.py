@@ -98,6 +98,7 @@ class EmbeddedBackend:
 
     shared_server = False
     enforces_deadlines = True  # the batcher fails a request at its deadline, queued or running
+    runs_model_warmup = False  # the gateway's warm-up runs each sample its count of times
     forwards_parameters = False  # onnxruntime and TorchScript take tensors only
 
     async def adopt(self, model: str, versions: Collection[int]) -> None:

@@ -30,6 +30,7 @@ class CachedBackend:
         # As the data plane reads them: a backend that does not say does neither.
         self.enforces_deadlines: bool = getattr(inner, "enforces_deadlines", False)
         self.forwards_parameters: bool = getattr(inner, "forwards_parameters", False)
+        self.runs_model_warmup: bool = getattr(inner, "runs_model_warmup", False)
         for name in _PASSED:
             if hasattr(inner, name):  # test doubles leave out what they do not serve
                 setattr(self, name, getattr(inner, name))

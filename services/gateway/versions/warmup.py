@@ -42,6 +42,10 @@ class Warmup:
     """Where the data came from, for the log (``manifest samples``, ``model_warmup 'x'``, ``zero-filled``)."""
     invented: bool = False
     """Made up by the gateway, not declared by the model: its failure says little about the model (best effort)."""
+    runs: int = 1
+    """Executions of this request: a ``model_warmup``'s ``count`` (0 means once, as in Triton). A TorchScript model
+    needs a few: its profiling executor optimizes the graph over its first calls, which would otherwise be the
+    first clients' requests."""
 
 
 INVENTED = "zero-filled inputs (no manifest, no model_warmup)"
@@ -96,7 +100,9 @@ def _from_config(model_dir: Path, config: mc.ModelConfig, sample: mc.ModelWarmup
             )
         # Triton sends the sample batch_size times (one row each) in one execution: the same rows, batched.
         inputs[tensor.name] = np.ascontiguousarray(np.broadcast_to(row, (rows, *dims))) if batched else row
-    return Warmup(inputs, f"model_warmup '{sample.name}' (batch {rows if batched else 1})")
+    runs = max(int(sample.count), 1)
+    times = f", {runs} runs" if runs > 1 else ""
+    return Warmup(inputs, f"model_warmup '{sample.name}' (batch {rows if batched else 1}{times})", runs=runs)
 
 
 def _file_data(raw: bytes, dims: list[int], dtype: np.dtype[Any], where: str, name: str, data_type: int) -> Array:
@@ -152,16 +158,20 @@ class WarmedUp:
 async def warm_up(backend: Backend, entry: ModelEntry, version: int, *, timeout_s: float) -> WarmedUp:
     """Run the version's warm-up requests through the backend, as traffic will reach it (validation, batcher,
     Triton), plus one row and a full batch so that memory arenas grow now and not under the first burst.
+    A ``model_warmup`` sample runs its ``count`` of times, unless the model server ran it that often itself as it
+    loaded the version (Triton).
     Raises ``WarmupError`` naming the request and what was wrong with its answer when the data was declared (a
     manifest's samples, the config's ``model_warmup``); what failed of the data the gateway made up (invented
     inputs, the extra batch sizes, which Triton does not run) is in ``failed``."""
     config = await backend.config(entry.name, version)
     metadata = await backend.metadata(entry.name, version)
     plans = await asyncio.to_thread(warmup_requests, entry.path, version, config)
+    repeats = not getattr(backend, "runs_model_warmup", False)  # a backend that does not say: the gateway repeats
     ran, outputs, failed = [], [], []
     for plan in plans:
         try:
-            answer = await run_request(backend, metadata, entry.name, version, plan.inputs, plan.source, timeout_s)
+            for _ in range(plan.runs if repeats else 1):  # each answer checked: a later, optimized call may differ
+                answer = await run_request(backend, metadata, entry.name, version, plan.inputs, plan.source, timeout_s)
         except WarmupError as exc:
             if not plan.invented:
                 raise

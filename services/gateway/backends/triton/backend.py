@@ -79,6 +79,7 @@ class TritonBackend(TritonHealth):
     # -- lifecycle ------------------------------------------------------------------------------------------
     shared_server = True
     enforces_deadlines = True  # every call carries its deadline as the gRPC deadline (calls.py)
+    runs_model_warmup = True
     forwards_parameters = True  # both transports put them in Triton's request (codec.py, http_codec.py)
 
     async def adopt(self, model: str, versions: Collection[int]) -> None:
