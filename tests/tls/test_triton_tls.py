@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -20,6 +21,7 @@ from tests.gateway_harness import running_gateway
 from tests.tls.certificates import Authority, make_authority
 from tests.triton.support import gateway_settings
 from tests.tritonlocal.support import require_install
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -83,3 +85,47 @@ def test_the_gateway_serves_a_triton_model_over_mutual_tls(triton: LocalTriton, 
         request.set_data_from_numpy(values)
         answer = client.infer("echo", [request]).as_numpy("OUTPUT0")
     np.testing.assert_array_equal(answer, values)
+
+
+def test_a_client_certificate_renewed_on_disk_reaches_triton_without_a_restart(
+    triton: LocalTriton, ca: Authority, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The gateway starts with a client certificate Triton does not trust (another CA's: as good as an expired
+    one); the deployment writes a trusted one over it, and within the probe's next ticks the gateway connects
+    with it, loads the model and serves, with no restart. A key that does not match is then refused with a log
+    line, and the connection keeps the certificate that works."""
+    stranger = make_authority(tmp_path, name="other-ca")
+    client_files = tmp_path / "client"
+    client_files.mkdir()
+    refused = stranger.issue(client_files, "gateway", server=False)
+    settings = gateway_settings(
+        triton.grpc_url, triton.source, triton_tls=True, triton_tls_ca_file=ca.cert_file,
+        triton_tls_cert_file=refused.cert_file, triton_tls_key_file=refused.key_file,
+    )
+    values = np.arange(4, dtype=np.float32).reshape(1, 4)
+    with running_gateway(settings, config_transform=derive_config) as gateway:
+        client = httpclient.InferenceServerClient(gateway.http_url)
+        request = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        request.set_data_from_numpy(values)
+        with pytest.raises(InferenceServerException):  # Triton refuses the handshake: nothing is loaded
+            client.infer("echo", [request])
+
+        renewed = ca.issue(client_files, "gateway", server=False)  # the same two paths, replaced
+        assert renewed.cert_file == refused.cert_file
+
+        answers: list[Any] = []
+        assert wait_until(lambda: _answered(client, request, answers), timeout_s=30, interval_s=0.2)
+        np.testing.assert_array_equal(answers[0].as_numpy("OUTPUT0"), values)
+
+        stranger.issue(tmp_path, "unrelated", server=False).key_file.replace(renewed.key_file)
+        assert wait_until(lambda: "TLS to Triton not reloaded" in caplog.text, timeout_s=10)
+        assert "does not hold the private key of the certificate in SWITCHYARD_TRITON_TLS_CERT_FILE" in caplog.text
+        np.testing.assert_array_equal(client.infer("echo", [request]).as_numpy("OUTPUT0"), values)
+
+
+def _answered(client: httpclient.InferenceServerClient, request: httpclient.InferInput, into: list[Any]) -> bool:
+    try:
+        into.append(client.infer("echo", [request]))
+    except InferenceServerException:
+        return False
+    return True

@@ -8,6 +8,8 @@ from services.gateway.security.tls import (
     check_tls_files,
     server_tls,
     triton_channel_credentials,
+    triton_tls_files,
 )
 
-__all__ = ["ServerTls", "TlsError", "check_tls_files", "server_tls", "triton_channel_credentials"]
+__all__ = ["ServerTls", "TlsError", "check_tls_files", "server_tls", "triton_channel_credentials",
+           "triton_tls_files"]

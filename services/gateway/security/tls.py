@@ -1,11 +1,12 @@
 """TLS for the gateway's listeners and for its connection to Triton, built from the ``SWITCHYARD_TLS_*`` and
 ``SWITCHYARD_TRITON_TLS_*`` settings.
 
-Certificates are reloaded without a restart: the HTTP listener keeps one ``ssl.SSLContext`` whose chain a watcher
+Certificates are reloaded without a restart. The HTTP listener keeps one ``ssl.SSLContext`` whose chain a watcher
 loads again when the files change (OpenSSL copies the chain into each connection when its handshake starts, so
 new handshakes get the new certificate and open connections keep theirs); the gRPC listener's credentials ask
 ``ServerTls.grpc_fetch`` before every handshake, which reads the files again only when they changed. A change
-that does not load (half-written files, a key that does not match) is logged and the previous chain stays.
+that does not load (half-written files, a key that does not match) is logged and the previous chain stays. The
+Triton backend opens new channels to Triton when ``triton_tls_files`` change (``backends/triton/channels.py``).
 """
 
 from __future__ import annotations
@@ -214,6 +215,19 @@ def triton_channel_credentials(settings: Settings) -> grpc.ChannelCredentials | 
         _check_pair(TlsFile("triton_tls_cert_file", settings.triton_tls_cert_file or Path()),
                     TlsFile("triton_tls_key_file", settings.triton_tls_key_file or Path()))
     return grpc.ssl_channel_credentials(root_certificates=roots, private_key=key, certificate_chain=chain)
+
+
+def triton_tls_files(settings: Settings) -> tuple[TlsFile, ...]:
+    """The files the channels to Triton are built from (none without ``triton_tls``): a change to any of them is a
+    new certificate, key or CA to connect with."""
+    if not settings.triton_tls:
+        return ()
+    named = (
+        ("triton_tls_ca_file", settings.triton_tls_ca_file),
+        ("triton_tls_cert_file", settings.triton_tls_cert_file),
+        ("triton_tls_key_file", settings.triton_tls_key_file),
+    )
+    return tuple(TlsFile(setting, path) for setting, path in named if path is not None)
 
 
 def _optional(setting: str, path: Path | None) -> bytes | None:

@@ -20,7 +20,7 @@ from services.gateway import repository
 from services.gateway.backends.base import describe_problem
 from services.gateway.backends.circuit import CircuitBreaker
 from services.gateway.backends.triton.calls import TritonCalls
-from services.gateway.backends.triton.channels import TritonChannels, open_channels
+from services.gateway.backends.triton.channels import TlsWatch, TritonChannels, open_channels, retire
 from services.gateway.backends.triton.configs import ConfigTransform, identity, warn_if_single_instance
 from services.gateway.backends.triton.errors import TritonErrors
 from services.gateway.backends.triton.health import TritonHealth
@@ -30,6 +30,7 @@ from services.gateway.backends.triton.statistics import read_statistics
 from services.gateway.backends.triton.trials import TritonTrials
 from services.gateway.errors import BackendUnavailable, GatewayError, unknown_version
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.security import TlsError
 from services.gateway.settings import Settings
 from services.gateway.tensors.types import InferRequest, InferResponse, ModelMetadata, VersionState
 from services.modelrepo.config import pinned
@@ -61,6 +62,9 @@ class TritonBackend(TritonHealth):
         self._errors = TritonErrors(self._breaker, settings.triton_url)
         self._channels: TritonChannels | None = None
         self._control: ModelControl | None = None
+        self._tls_watch = TlsWatch(settings)
+        self._retiring: set[asyncio.Task[None]] = set()
+        """Channels replaced by new ones (new TLS files), closing once their calls are over."""
         self._probe: asyncio.Task[None] | None = None
         self._live = False
         self._calls = TritonCalls(self._breaker, self._errors, settings, metrics)
@@ -116,6 +120,27 @@ class TritonBackend(TritonHealth):
             log.warning("Triton at %s is not reachable; its models load once it answers", self._settings.triton_url)
         self._probe = asyncio.create_task(self._probe_loop(), name="triton-health-probe")
 
+    def _renew_channels(self) -> None:
+        """New channels to Triton once its TLS files changed (the health probe asks before each probe): new calls go
+        over them at once, calls in flight finish on the old ones. Files that do not load (half-written, a key that
+        does not match) are logged once and the channels stay as they are."""
+        if not self._tls_watch.changed():
+            return
+        try:
+            fresh = open_channels(self._settings)
+        except TlsError as exc:
+            log.error("TLS to Triton not reloaded, the connections keep the previous files: %s", exc)
+            return
+        old, self._channels, self._calls.channels = self._channels, fresh, fresh
+        self._control = ModelControl(fresh.client)
+        log.info("TLS to Triton reloaded from %s: new calls connect with it", self._tls_watch.cert_path)
+        if old is not None:
+            settings = self._settings
+            calls_s = max(settings.max_timeout_ms / 1000, settings.triton_infer_timeout_s)
+            task = asyncio.create_task(retire(old, calls_s=calls_s, control_s=settings.triton_load_timeout_s))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
     def _track(self, model: str) -> None:
         """Start keeping state for a model (at startup, or one found in the repository later)."""
         if model not in self._locks:
@@ -128,6 +153,9 @@ class TritonBackend(TritonHealth):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._probe
             self._probe = None
+        for retiring in list(self._retiring):
+            retiring.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
         if self._channels is not None:
             await self._channels.close()
             self._channels = self._control = self._calls.channels = None

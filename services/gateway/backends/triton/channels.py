@@ -1,8 +1,12 @@
 """The gRPC connections to Triton: a ``tritonclient`` client for model control and the health probe, and a
-bare channel with the generated stub for inference."""
+bare channel with the generated stub for inference. With TLS to Triton, ``TlsWatch`` tells the backend when the
+certificate, key or CA files changed: it then opens new channels and ``retire``s the old ones once their calls are
+over (a renewed client certificate takes effect without a restart)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +14,7 @@ import grpc
 import tritonclient.grpc.aio as triton
 from tritonclient.grpc import service_pb2_grpc
 
-from services.gateway.security import triton_channel_credentials
+from services.gateway.security import triton_channel_credentials, triton_tls_files
 from services.gateway.settings import Settings
 
 
@@ -44,6 +48,45 @@ def open_channels(settings: Settings) -> TritonChannels:
         channel = grpc.aio.secure_channel(settings.triton_url, credentials, options=options)
     stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
     return TritonChannels(client, channel, stub.ModelInfer, stub.ModelStreamInfer)
+
+
+class TlsWatch:
+    """The TLS files of the channels to Triton (``SWITCHYARD_TRITON_TLS_*``), looked at by the health probe."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._files = triton_tls_files(settings)
+        self._stamps = self._read()
+
+    def _read(self) -> tuple[tuple[int, int, int] | None, ...]:
+        return tuple(file.stamp() for file in self._files)
+
+    @property
+    def cert_path(self) -> str:
+        """The file a reload is named by in the log: the client certificate, else the CA."""
+        return str(next((f.path for f in self._files if f.setting == "triton_tls_cert_file"), self._files[0].path))
+
+    def changed(self) -> bool:
+        """Whether a file was rewritten or replaced (a renewed certificate, a Kubernetes secret's symlink swap) since
+        the last call; each change is told once, so a broken one is reported once, not every probe."""
+        if not self._files:
+            return False
+        stamps = self._read()
+        if stamps == self._stamps:
+            return False
+        self._stamps = stamps
+        return True
+
+
+async def retire(channels: TritonChannels, *, calls_s: float, control_s: float) -> None:
+    """Close channels that new ones replaced, once their calls are over: inference calls and decoupled streams within
+    ``calls_s`` (gRPC waits for them), model control after ``control_s`` (a load may still run on the old client).
+    Cancelled (the backend closes), it closes them at once."""
+    try:
+        await channels.channel.close(calls_s)
+        await asyncio.sleep(control_s)
+    finally:
+        with contextlib.suppress(Exception):
+            await channels.close()
 
 
 def channel_options(settings: Settings) -> list[tuple[str, Any]]:

@@ -38,10 +38,14 @@ class TritonHealth:
     def _update_states(self, index: RepositoryIndex) -> None:
         raise NotImplementedError
 
+    def _renew_channels(self) -> None:
+        raise NotImplementedError
+
     async def _probe_loop(self) -> None:
         while True:
             await asyncio.sleep(self._settings.triton_probe_interval_s)
             try:
+                self._renew_channels()  # before the probe's call: a certificate Triton refused is replaced first
                 await self._sync(force_reload=False)
             except Exception:  # the probe must outlive any surprise; the next tick tries again
                 log.exception("Triton health probe failed")
