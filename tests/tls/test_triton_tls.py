@@ -15,10 +15,11 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
+from services.gateway.settings import Settings
 from services.tritonlocal import LocalTriton, TritonInstall, derive_config
 from services.tritonlocal.server import TritonGrpcTls
 from tests.gateway_harness import running_gateway
-from tests.tls.certificates import Authority, make_authority
+from tests.tls.certificates import Authority, Issued, make_authority
 from tests.triton.support import gateway_settings
 from tests.tritonlocal.support import require_install
 from tests.waiting import wait_until
@@ -72,18 +73,25 @@ def test_triton_refuses_a_grpc_client_without_the_client_certificate(triton: Loc
         client.is_server_live(client_timeout=5.0)
 
 
-def test_the_gateway_serves_a_triton_model_over_mutual_tls(triton: LocalTriton, ca: Authority) -> None:
-    gateway_client = ca.issue(ca.cert_file.parent, "gateway", server=False)
-    settings = gateway_settings(
+def mutual_tls_settings(triton: LocalTriton, ca: Authority, client_certificate: Issued) -> Settings:
+    return gateway_settings(
         triton.grpc_url, triton.source, triton_tls=True, triton_tls_ca_file=ca.cert_file,
-        triton_tls_cert_file=gateway_client.cert_file, triton_tls_key_file=gateway_client.key_file,
+        triton_tls_cert_file=client_certificate.cert_file, triton_tls_key_file=client_certificate.key_file,
     )
+
+
+def echo_request(values: np.ndarray) -> httpclient.InferInput:
+    request = httpclient.InferInput("INPUT0", list(values.shape), "FP32")
+    request.set_data_from_numpy(values)
+    return request
+
+
+def test_the_gateway_serves_a_triton_model_over_mutual_tls(triton: LocalTriton, ca: Authority) -> None:
+    settings = mutual_tls_settings(triton, ca, ca.issue(ca.cert_file.parent, "gateway", server=False))
     values = np.arange(8, dtype=np.float32).reshape(2, 4)
     with running_gateway(settings, config_transform=derive_config) as gateway:
         client = httpclient.InferenceServerClient(gateway.http_url)
-        request = httpclient.InferInput("INPUT0", [2, 4], "FP32")
-        request.set_data_from_numpy(values)
-        answer = client.infer("echo", [request]).as_numpy("OUTPUT0")
+        answer = client.infer("echo", [echo_request(values)]).as_numpy("OUTPUT0")
     np.testing.assert_array_equal(answer, values)
 
 
@@ -98,15 +106,10 @@ def test_a_client_certificate_renewed_on_disk_reaches_triton_without_a_restart(
     client_files = tmp_path / "client"
     client_files.mkdir()
     refused = stranger.issue(client_files, "gateway", server=False)
-    settings = gateway_settings(
-        triton.grpc_url, triton.source, triton_tls=True, triton_tls_ca_file=ca.cert_file,
-        triton_tls_cert_file=refused.cert_file, triton_tls_key_file=refused.key_file,
-    )
     values = np.arange(4, dtype=np.float32).reshape(1, 4)
-    with running_gateway(settings, config_transform=derive_config) as gateway:
+    with running_gateway(mutual_tls_settings(triton, ca, refused), config_transform=derive_config) as gateway:
         client = httpclient.InferenceServerClient(gateway.http_url)
-        request = httpclient.InferInput("INPUT0", [1, 4], "FP32")
-        request.set_data_from_numpy(values)
+        request = echo_request(values)
         with pytest.raises(InferenceServerException):  # Triton refuses the handshake: nothing is loaded
             client.infer("echo", [request])
 
