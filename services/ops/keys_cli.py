@@ -131,6 +131,10 @@ def add(
             _fail(f"{', '.join(given)} apply to API keys; an admin token (--role) has a role only")
         admin = AdminEntry(key_id, (hash_secret(secret),), role.value, _expiry(expires))
         _write(path, KeyFile(found.keys, {**found.admins, key_id: admin}))
+        if not found.keys:  # on stderr: the secret stays the last line of the output
+            typer.echo(f"note: {path} holds no API key: a gateway reading it (SWITCHYARD_API_KEYS_FILE) refuses every "
+                       "inference request with 401 until one is added (switchyard keys add ID --models PATTERN)",
+                       err=True)
         typer.echo(f"added admin token '{key_id}' ({role.value}) to {path}; it is shown only this once:")
         typer.echo(presented_admin_token(key_id, secret))
         return

@@ -306,3 +306,30 @@ def test_a_flood_of_made_up_secrets_is_refused_past_the_hashing_budget_and_verif
     clock.now += 0.5  # half a second refills half the bucket
     with pytest.raises(Unauthorized):
         gateway.authenticate(presented_key("team-a", "made-up-again"))
+
+
+def test_a_keys_file_of_admin_tokens_only_warns_that_no_inference_gets_in(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "keys.toml"
+    added = CliRunner().invoke(app, ["keys", "add", "viewer", "--role", "read-only", "--file", str(path)],
+                               env=NO_ENVIRONMENT)
+    assert added.exit_code == 0, added.output
+    assert added.stderr.startswith(f"note: {path} holds no API key: a gateway reading it (SWITCHYARD_API_KEYS_FILE)")
+    assert last_line(added.stdout).startswith("sya_viewer_")  # the secret stays the output's last line
+    clock = Clock(1000.0)
+    with caplog.at_level(logging.WARNING):
+        gateway = gateway_keys(path, clock)
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert warnings == [
+        f"the API keys file {path} holds no API key (1 admin token(s) only): every inference request is refused "
+        f"with 401 until one is added (switchyard keys add ID --models PATTERN --file {path})"
+    ]
+    with pytest.raises(Unauthorized):
+        gateway.identify(None)
+
+    caplog.clear()
+    key = last_line(keys("add", "team-a", "--models", "mlp", "--file", str(path)))
+    clock.now += 5
+    assert gateway.identify(key).tenant == "team-a"  # reloaded: no warning any more
+    assert "holds no API key" not in caplog.text

@@ -183,6 +183,7 @@ class ApiKeys:
             self._snapshot = self._load()
         except OSError as exc:
             raise ApiKeysError(f"the API keys file {path} cannot be read: {exc}") from None
+        self._warn_if_keyless()
 
     @property
     def enabled(self) -> bool:
@@ -332,6 +333,18 @@ class ApiKeys:
         if snapshot is not self._snapshot:
             self._snapshot = snapshot
             log.info("reloaded the API keys from %s: %d keys, %d tenants", self._path, len(self), len(self.tenants()))
+            self._warn_if_keyless()
+
+    def _warn_if_keyless(self) -> None:
+        """A keys file without a single API key (admin tokens only, or none yet) lets no inference in: what an
+        operator who only meant to add an admin token needs to hear at once, not from the clients' 401s."""
+        snapshot = self._snapshot
+        if self._path is not None and not snapshot.tenants_by_digest and not snapshot.entries:
+            admins = f" ({len(snapshot.admins)} admin token(s) only)" if snapshot.admins else ""
+            log.warning(
+                "the API keys file %s holds no API key%s: every inference request is refused with 401 until one is "
+                "added (switchyard keys add ID --models PATTERN --file %s)", self._path, admins, self._path,
+            )
 
     def __len__(self) -> int:
         """Keys and admin tokens."""
