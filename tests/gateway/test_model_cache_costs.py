@@ -1,4 +1,5 @@
-"""What the model cache counts a load at where nothing can be measured (a Triton on another host): the declaration,
+"""What the model cache counts a load at. Measured: the growth of the load alone, after its runtime started (torch's
+import is no model's). Where nothing can be measured (a Triton on another host): the declaration,
 else the size of the version's files, said as an estimate; a malformed declaration is refused naming it."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from scripted_backend import CONFIG, ScriptedBackend, double_repository
 
+from services.gateway.backends.priming import IDENTITY_ONNX, prime_runtime
 from services.gateway.capacity.backend import CachedBackend
 from services.gateway.capacity.cache import ModelCache
 from services.gateway.capacity.metrics import CacheMetrics
@@ -16,6 +18,7 @@ from services.gateway.errors import InvalidInput
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.repository import Catalog
 from services.gateway.settings import Settings
+from services.modelrepo.layout import ONNX_PLATFORM, TORCHSCRIPT_PLATFORM
 
 
 def cached_backend(repository: Path) -> tuple[CachedBackend, ModelCache]:
@@ -62,3 +65,61 @@ async def test_a_malformed_declaration_is_refused_naming_the_parameter(tmp_path:
 
     with pytest.raises(InvalidInput, match="parameter switchyard.memory_mb must be a number of MiB above 0"):
         await backend.load("double", 2)
+
+
+class RuntimeInTow(ScriptedBackend):
+    """Its first load brings its runtime's 200 MiB along (torch's import, say) unless the runtime was started first;
+    each load itself grows the process by 2 MiB."""
+
+    def __init__(self, memory: list[float]) -> None:
+        super().__init__(states={})
+        self.memory = memory
+        self.runtime_started = False
+
+    async def prime_runtime(self, model: str) -> bool:
+        if self.runtime_started:
+            return False
+        self.runtime_started = True
+        self.memory[0] += 200
+        return True
+
+    async def load(self, model: str, version: int) -> None:
+        if not self.runtime_started:
+            self.runtime_started = True
+            self.memory[0] += 200
+        self.memory[0] += 2
+        await super().load(model, version)
+
+
+async def test_a_load_is_measured_after_its_runtime_started_so_it_is_charged_only_its_own_memory(
+    tmp_path: Path,
+) -> None:
+    memory = [500.0]
+    catalog = Catalog(double_repository(tmp_path))
+    catalog.scan()
+    registry = CollectorRegistry()
+    settings = Settings(repository=tmp_path, model_cache_mb=100)
+    cache = ModelCache(settings, catalog, GatewayMetrics(registry), CacheMetrics(registry), measure=lambda: memory[0])
+    backend = CachedBackend(RuntimeInTow(memory), cache)
+
+    await backend.load("double", 2)  # 202 MiB grown in all: more than the budget, were the runtime charged to it
+
+    assert (cache.view("double")["memory_mb"], cache.view("double")["memory_is"]) == (2.0, "measured")
+
+
+def test_the_runtimes_start_once_per_process_on_a_model_of_their_own() -> None:
+    onnx = pytest.importorskip("onnx")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["x"], ["y"])], "prime",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)], producer_name="")
+    model.ir_version = 7
+    assert model.SerializeToString() == IDENTITY_ONNX
+
+    prime_runtime(ONNX_PLATFORM)  # started now, or by an earlier test of this process
+    assert prime_runtime(ONNX_PLATFORM) is False  # never twice
+    assert prime_runtime("tensorrt_plan") is False  # not a runtime of the embedded backend
+    prime_runtime(TORCHSCRIPT_PLATFORM)
+    assert prime_runtime(TORCHSCRIPT_PLATFORM) is False

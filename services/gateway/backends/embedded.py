@@ -20,6 +20,7 @@ from services.gateway import repository
 from services.gateway.backends.base import describe_problem
 from services.gateway.backends.devices import CPU, InstancePlan, NoUsableGpu, gpus, plan_instances
 from services.gateway.backends.placement import Placement
+from services.gateway.backends.priming import prime_runtime
 from services.gateway.backends.runners import (
     Runner,
     UnsupportedModel,
@@ -139,6 +140,11 @@ class EmbeddedBackend:
         failures = {v: slot.problem for v, slot in versions.items() if slot.problem}
         serving = any(slot.state is VersionState.READY for slot in versions.values())
         return describe_problem(_model_problem(entry, self._gpu_fallback), failures, serving, version)
+
+    async def prime_runtime(self, model: str) -> bool:
+        """Start the runtime ``model`` runs on, once per process, apart from any load (``priming``): the model cache
+        calls it before it measures a load. True when it started one now."""
+        return await asyncio.to_thread(prime_runtime, self._catalog.entry(model).platform)
 
     async def load(self, model: str, version: int) -> None:
         # Re-read from disk: versions exported after startup and a re-exported config count.

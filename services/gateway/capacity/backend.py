@@ -6,6 +6,7 @@ refused with both figures. Everything else is the wrapped backend's own method, 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -17,6 +18,8 @@ from services.gateway.errors import InvalidInput
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.repository import Catalog
 from services.gateway.settings import Settings
+
+log = logging.getLogger(__name__)
 
 _PASSED = ("live", "models", "state", "problem", "ready", "metadata", "config", "infer", "decoupled", "infer_stream",
            "statistics", "close")
@@ -60,6 +63,7 @@ class CachedBackend:
         cache.refuse_if_too_large(model, version, expected)
         async with cache.room:  # one load at a time: each measured alone, the budget never promised twice
             await cache.make_room(model, expected.mb, room_wait_s.get(ROOM_WAIT_S))
+            await self._prime(model)
             before = cache.measure()
             await self.inner.load(model, version)
             after = cache.measure()
@@ -73,6 +77,19 @@ class CachedBackend:
                 cache.refuse_if_too_large(model, version, cost)
             cache.loaded(model, version, cost)
             await cache.fit_after(model)
+
+    async def _prime(self, model: str) -> None:
+        """The runtime's own start, before the first load that needs it is measured (embedded: torch, onnxruntime;
+        ``backends/priming.py``): memory no model should be charged."""
+        prime = getattr(self.inner, "prime_runtime", None)
+        if prime is None:
+            return
+        before = self.cache.measure()
+        if await prime(model):
+            after = self.cache.measure()
+            took = "" if before is None or after is None else f", {after - before:.1f} MiB"
+            log.info("model cache: started the runtime model '%s' runs on before its first load (charged to no "
+                     "model%s)", model, took)
 
     async def unload(self, model: str, version: int) -> None:
         try:

@@ -1,0 +1,69 @@
+"""A runtime's one-time share of memory, taken before the first model that needs it loads.
+
+The model cache (``capacity/``) charges each load what the process grew by. The first model a runtime runs would be
+charged the runtime itself: torch's import (~190 MiB) and its first TorchScript load (~60 MiB more), onnxruntime's
+first session (~10 MiB), measured on the 2-core machine. A 1 MiB TorchScript model then read as needing ~250 MiB,
+more than a small cache's whole budget, and was refused with 507. ``prime_runtime`` does that one-time work on a
+model of its own, once per process, so that a load's growth is the model's."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import numpy as np
+import onnxruntime as ort
+
+from services.extras import require
+from services.gateway.backends.devices import CPU_PROVIDER
+from services.modelrepo import layout
+
+IDENTITY_ONNX = (
+    b'\x08\x07\x12\x00:;\n\x10\n\x01x\x12\x01y"\x08Identity\x12\x05primeZ\x0f\n\x01x\x12\n\n\x08\x08\x01\x12\x04'
+    b"\n\x02\x08\x01b\x0f\n\x01y\x12\n\n\x08\x08\x01\x12\x04\n\x02\x08\x01B\x04\n\x00\x10\r"
+)
+"""A one-node ONNX model, ``y = Identity(x)`` of one float (IR 7, opset 13), as ``onnx.helper`` serializes it: the
+base install has onnxruntime but not the onnx package (``tests/gateway/test_runtime_priming.py`` builds it again)."""
+
+_primed: set[str] = set()
+_lock = threading.Lock()
+
+
+def prime_runtime(platform: str) -> bool:
+    """Start the runtime ``platform``'s models run on, once per process: an onnxruntime session, or torch imported
+    and a small TorchScript module loaded and run. False when there was nothing to do (done before, or a platform
+    the embedded backend does not run, or torch not installed: the model's own load says why). Blocking."""
+    with _lock:
+        if platform in _primed:
+            return False
+        if platform == layout.ONNX_PLATFORM:
+            _prime_onnxruntime()
+        elif platform == layout.TORCHSCRIPT_PLATFORM:
+            try:
+                _prime_torch()
+            except ImportError:
+                return False
+        else:
+            return False
+        _primed.add(platform)
+        return True
+
+
+def _prime_onnxruntime() -> None:
+    session = ort.InferenceSession(IDENTITY_ONNX, providers=[CPU_PROVIDER])
+    session.run(None, {"x": np.zeros(1, np.float32)})
+
+
+def _prime_torch() -> None:
+    torch = require("torch", extra="export", feature="serving a TorchScript model")
+    # A linear layer, not an identity: its run starts the matrix kernels every model's first call would start.
+    module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        traced = torch.jit.trace(module, torch.zeros(1, 2))
+    saved = io.BytesIO()
+    torch.jit.save(traced, saved)
+    saved.seek(0)
+    loaded = torch.jit.load(saved).eval()
+    with torch.inference_mode():
+        loaded(torch.zeros(1, 2))
+        loaded(torch.zeros(3, 2))
