@@ -118,7 +118,7 @@ def test_the_runtimes_start_once_per_process_on_a_model_of_their_own() -> None:
     model.ir_version = 7
     assert model.SerializeToString() == IDENTITY_ONNX
 
-    prime_runtime(ONNX_PLATFORM)  # started now, or by an earlier test of this process
+    prime_runtime(ONNX_PLATFORM)  # started now, or by an earlier test of this process (on the CPU: the default)
     assert prime_runtime(ONNX_PLATFORM) is False  # never twice
     assert prime_runtime("tensorrt_plan") is False  # not a runtime of the embedded backend
     prime_runtime(TORCHSCRIPT_PLATFORM)

@@ -142,9 +142,18 @@ class EmbeddedBackend:
         return describe_problem(_model_problem(entry, self._gpu_fallback), failures, serving, version)
 
     async def prime_runtime(self, model: str) -> bool:
-        """Start the runtime ``model`` runs on, once per process, apart from any load (``priming``): the model cache
-        calls it before it measures a load. True when it started one now."""
-        return await asyncio.to_thread(prime_runtime, self._catalog.entry(model).platform)
+        """Start the runtime ``model`` runs on, on each device its instances use, once per process and apart from
+        any load (``priming``): the model cache calls it before it measures a load. True when it started one now."""
+        return await asyncio.to_thread(self._prime, self._catalog.entry(model))
+
+    def _prime(self, entry: repository.ModelEntry) -> bool:
+        """On a thread: placing the instances may import torch to look for GPUs."""
+        try:
+            devices = sorted(set(plan_instances(entry.config, entry.platform, fallback=self._gpu_fallback).devices))
+        except NoUsableGpu:  # the load says so (or, with the fallback allowed, runs on the CPU)
+            devices = [CPU]
+        started = [prime_runtime(entry.platform, device) for device in devices]  # every device, not the first only
+        return any(started)
 
     async def load(self, model: str, version: int) -> None:
         # Re-read from disk: versions exported after startup and a re-exported config count.

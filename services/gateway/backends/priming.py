@@ -2,21 +2,25 @@
 
 The model cache (``capacity/``) charges each load what the process grew by. The first model a runtime runs would be
 charged the runtime itself: torch's import (~190 MiB) and its first TorchScript load (~60 MiB more), onnxruntime's
-first session (~10 MiB), measured on the 2-core machine. A 1 MiB TorchScript model then read as needing ~250 MiB,
-more than a small cache's whole budget, and was refused with 507. ``prime_runtime`` does that one-time work on a
-model of its own, once per process, so that a load's growth is the model's."""
+first session (~10 MiB), measured on the 2-core machine; on a GPU, the device's CUDA context too. A 1 MiB TorchScript
+model then read as needing ~250 MiB, more than a small cache's whole budget, and was refused with 507.
+``prime_runtime`` does that one-time work on a model of its own, once per process and device, so that a load's
+growth is the model's."""
 
 from __future__ import annotations
 
 import io
+import logging
 import threading
 
 import numpy as np
 import onnxruntime as ort
 
 from services.extras import require
-from services.gateway.backends.devices import CPU_PROVIDER
+from services.gateway.backends.devices import CPU, Device, onnx_providers
 from services.modelrepo import layout
+
+log = logging.getLogger(__name__)
 
 IDENTITY_ONNX = (
     b'\x08\x07\x12\x00:;\n\x10\n\x01x\x12\x01y"\x08Identity\x12\x05primeZ\x0f\n\x01x\x12\n\n\x08\x08\x01\x12\x04'
@@ -25,36 +29,38 @@ IDENTITY_ONNX = (
 """A one-node ONNX model, ``y = Identity(x)`` of one float (IR 7, opset 13), as ``onnx.helper`` serializes it: the
 base install has onnxruntime but not the onnx package (``tests/gateway/test_runtime_priming.py`` builds it again)."""
 
-_primed: set[str] = set()
+_primed: set[tuple[str, Device]] = set()
 _lock = threading.Lock()
 
 
-def prime_runtime(platform: str) -> bool:
-    """Start the runtime ``platform``'s models run on, once per process: an onnxruntime session, or torch imported
-    and a small TorchScript module loaded and run. False when there was nothing to do (done before, or a platform
-    the embedded backend does not run, or torch not installed: the model's own load says why). Blocking."""
+def prime_runtime(platform: str, device: Device = CPU) -> bool:
+    """Start the runtime ``platform``'s models run on, on ``device``, once per process: an onnxruntime session, or
+    torch imported and a small TorchScript module loaded and run. False when there was nothing to do (done before,
+    a platform the embedded backend does not run) or it could not be done (torch not installed, a GPU that does not
+    start): the model's own load then says why. Blocking."""
     with _lock:
-        if platform in _primed:
+        if (platform, device) in _primed:
             return False
-        if platform == layout.ONNX_PLATFORM:
-            _prime_onnxruntime()
-        elif platform == layout.TORCHSCRIPT_PLATFORM:
-            try:
-                _prime_torch()
-            except ImportError:
+        try:
+            if platform == layout.ONNX_PLATFORM:
+                _prime_onnxruntime(device)
+            elif platform == layout.TORCHSCRIPT_PLATFORM:
+                _prime_torch(device)
+            else:
                 return False
-        else:
+        except Exception as exc:  # noqa: BLE001 - the load that follows reports the runtime's problem
+            log.debug("could not start the runtime of %s on %s ahead of a load: %s", platform, device, exc)
             return False
-        _primed.add(platform)
+        _primed.add((platform, device))
         return True
 
 
-def _prime_onnxruntime() -> None:
-    session = ort.InferenceSession(IDENTITY_ONNX, providers=[CPU_PROVIDER])
+def _prime_onnxruntime(device: Device) -> None:
+    session = ort.InferenceSession(IDENTITY_ONNX, providers=onnx_providers(device, tensorrt=False))
     session.run(None, {"x": np.zeros(1, np.float32)})
 
 
-def _prime_torch() -> None:
+def _prime_torch(device: Device) -> None:
     torch = require("torch", extra="export", feature="serving a TorchScript model")
     # A linear layer, not an identity: its run starts the matrix kernels every model's first call would start.
     module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()).eval()
@@ -63,7 +69,7 @@ def _prime_torch() -> None:
     saved = io.BytesIO()
     torch.jit.save(traced, saved)
     saved.seek(0)
-    loaded = torch.jit.load(saved).eval()
+    loaded = torch.jit.load(saved, map_location=str(device)).eval()
     with torch.inference_mode():
-        loaded(torch.zeros(1, 2))
-        loaded(torch.zeros(3, 2))
+        loaded(torch.zeros(1, 2, device=str(device)))
+        loaded(torch.zeros(3, 2, device=str(device))).cpu()
