@@ -235,6 +235,7 @@ def create_app(
                 health_max_watches=settings.grpc_health_max_watches,
                 stream_max_inflight=settings.stream_max_inflight,
                 stream_idle_timeout_s=settings.stream_idle_timeout_s,
+                stream_max_open=settings.stream_max_open,
                 reuse_port=node is not None,
                 tls=server_tls(settings),
             )

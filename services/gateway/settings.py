@@ -181,6 +181,10 @@ class Settings(BaseSettings):
     stream_idle_timeout_s: float = 300.0
     """A stream with no request in flight and none arriving for this long is ended (gRPC ``DEADLINE_EXCEEDED``
     saying so); 0: never."""
+    stream_max_open: int = 1024
+    """``ModelStreamInfer`` streams open at once in a gateway process (each holds ~20-40 KiB while open, idle or
+    not); more are refused (``RESOURCE_EXHAUSTED``) until one ends. gRPC caps streams per connection, not
+    connections: without this a client opening many would grow the gateway's memory without bound."""
     trace_detail: Literal["stages", "request"] = "stages"
     """With tracing on (the standard ``OTEL_*`` variables name an exporter or an OTLP endpoint): ``stages`` records a
     request's server span and a child per stage (admission wait, batch queue, execution, the call to Triton);
@@ -288,6 +292,7 @@ class Settings(BaseSettings):
             "max_connections": self.max_connections, "max_header_bytes": self.max_header_bytes,
             "max_header_line_bytes": self.max_header_line_bytes, "max_header_count": self.max_header_count,
             "grpc_health_max_watches": self.grpc_health_max_watches, "stream_max_inflight": self.stream_max_inflight,
+            "stream_max_open": self.stream_max_open,
         }
         for name, value in positive.items():
             if value < 1:

@@ -150,3 +150,29 @@ async def test_answers_wait_for_room_when_the_client_stops_reading() -> None:
     await asyncio.wait_for(fifth, 1)
     assert list(exchange.answers) == [1, 2, 3, 4]
     assert sixth.cancelled()
+
+
+async def test_streams_past_the_open_limit_are_refused_until_one_ends(app_parts: tuple[Any, ScriptedBackend]) -> None:
+    dataplane, _ = app_parts
+    streams = StreamService(dataplane, max_inflight=4, idle_timeout_s=0, max_open=2)
+    senders = [Sender(1), Sender(1)]
+    got: list[Any] = []
+    held = [asyncio.create_task(collect(streams.serve(sender.__aiter__(), Call(), lambda name: None,
+                                                      (None, None, None)), got)) for sender in senders]
+    assert await wait_until_async(lambda: len(got) == 2)  # both open, each answered, neither ended
+    with pytest.raises(Aborted) as refused:
+        await collect(streams.serve(Sender(1).__aiter__(), Call(), lambda name: None, (None, None, None)), got)
+    assert refused.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert str(refused.value) == (
+        "2 ModelStreamInfer streams are open, the gateway's limit (SWITCHYARD_STREAM_MAX_OPEN): send on a stream you "
+        "have open, or retry once one has ended"
+    )
+    senders[0].close.set()  # the client half-closes one: the next stream is taken
+    await asyncio.wait_for(held[0], 5)
+    third = Sender(1)
+    third.close.set()
+    await asyncio.wait_for(collect(streams.serve(third.__aiter__(), Call(), lambda name: None, (None, None, None)),
+                                   got), 5)
+    assert len(got) == 3
+    senders[1].close.set()
+    await asyncio.wait_for(held[1], 5)

@@ -86,6 +86,7 @@ async def start_server(
     health_max_watches: int = 100,
     stream_max_inflight: int = 64,
     stream_idle_timeout_s: float = 300.0,
+    stream_max_open: int = 1024,
     reuse_port: bool = False,
     tls: ServerTls | None = None,
 ) -> tuple[GatewayServer, int]:
@@ -96,7 +97,8 @@ async def start_server(
     long gets GOAWAY and closes; ``handshake_timeout_s``: a connection that has not completed the HTTP/2 handshake by
     then is closed (a silent socket). None: gRPC's defaults (never, and 120 s). ``health_interval_s`` and
     ``health_max_watches``: the standard health service's watches (``grpc_api/health.py``); ``stream_max_inflight`` and
-    ``stream_idle_timeout_s``: each ``ModelStreamInfer`` stream's bounds (``grpc_api/stream.py``). ``reuse_port``: the
+    ``stream_idle_timeout_s``: each ``ModelStreamInfer`` stream's bounds, ``stream_max_open`` the streams open at
+    once (``grpc_api/stream.py``). ``reuse_port``: the
     node's workers listen on the same port (``serve --workers N``). ``tls``: serve TLS (mutual TLS with a client CA),
 the certificate read again before a handshake when its files changed; None: plain gRPC."""
     options: list[tuple[str, int]] = [
@@ -124,7 +126,9 @@ the certificate read again before a handshake when its files changed; None: plai
     if handshake_timeout_s is not None:
         options.append(("grpc.server_handshake_timeout_ms", max(int(handshake_timeout_s * 1000), 1)))
     server = grpc.aio.server(options=options)
-    streams = StreamService(dataplane, max_inflight=stream_max_inflight, idle_timeout_s=stream_idle_timeout_s)
+    streams = StreamService(
+        dataplane, max_inflight=stream_max_inflight, idle_timeout_s=stream_idle_timeout_s, max_open=stream_max_open
+    )
     tracing = dataplane.observer.tracing if dataplane.observer is not None else None
     if tracing is None:
         servicer = InferenceServicer(dataplane, repository=repository, streams=streams)

@@ -8,7 +8,9 @@ successful response carries ``triton_final_response`` (false on all but the last
 Bounds: at most ``max_inflight`` requests of one stream are served at once; past that the stream is not read until
 one is answered, so a fast sender is held back by gRPC's flow control instead of queueing without bound. Answers wait
 in a short queue for the client to read them; a client that stops reading stops the stream's requests too. A stream
-with nothing in flight and nothing arriving for ``idle_timeout_s`` ends with ``DEADLINE_EXCEEDED``. When the gateway
+with nothing in flight and nothing arriving for ``idle_timeout_s`` ends with ``DEADLINE_EXCEEDED``; at most
+``max_open`` streams are open at once (each holds some memory, idle or not), more are refused with
+``RESOURCE_EXHAUSTED``. When the gateway
 shuts down, open streams stop reading, deliver what is in flight, and end with ``UNAVAILABLE`` (the client knows to
 reconnect); a stream the client had half-closed ends with OK as usual.
 """
@@ -116,10 +118,13 @@ def _wake(waiter: asyncio.Future[None] | None) -> None:
 class StreamService:
     """Serves every open ``ModelStreamInfer`` call of one gRPC server."""
 
-    def __init__(self, dataplane: DataPlane, *, max_inflight: int, idle_timeout_s: float) -> None:
+    def __init__(
+        self, dataplane: DataPlane, *, max_inflight: int, idle_timeout_s: float, max_open: int = 1024
+    ) -> None:
         self._dataplane = dataplane
         self._max_inflight = max_inflight
         self._idle_timeout_s = idle_timeout_s
+        self._max_open = max_open
         self._closing = asyncio.Event()
         self._open: set[asyncio.Task[None]] = set()
         """The reader task of every open stream: cancelled at shutdown, so that no stream takes new requests."""
@@ -142,6 +147,12 @@ class StreamService:
         ``admission`` is its API key, timeout and priority, read once for the whole stream."""
         if self._closing.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the gateway is shutting down: open the stream elsewhere")
+        if len(self._open) >= self._max_open:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{len(self._open)} ModelStreamInfer streams are open, the gateway's limit "
+                "(SWITCHYARD_STREAM_MAX_OPEN): send on a stream you have open, or retry once one has ended",
+            )
         exchange = _Exchange(self._max_inflight)
         serving: set[asyncio.Task[None]] = set()
         half_closed = False
