@@ -82,3 +82,35 @@ async def test_key_limited_to_some_models_is_refused_and_shown_only_its_models(
     assert index[MLP_ONLY].json() == []
     assert list(grpc_index.models) == []
     assert {entry["name"] for entry in admin_index.json()} == {"double"}
+
+
+@pytest.mark.slow
+async def test_a_stream_checks_its_key_for_each_request_and_goes_on_after_a_refusal(
+    backend: ScriptedBackend, registry: CollectorRegistry, settings: Settings, tmp_path: Path
+) -> None:
+    """The stream's key (its call's metadata) is checked against each request's model: a refused request is
+    answered with its id and the error, the stream's next request is served; a stream without a key gets each
+    request refused the same way."""
+    def request(model: str, request_id: str) -> service_pb2.ModelInferRequest:
+        message = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+        message.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+        message.raw_input_contents.append(b"\0" * 16)
+        return message
+
+    async with gateway(backend, registry, settings, tmp_path) as (_, stub):
+        stream = stub.ModelStreamInfer(metadata=(("x-api-key", DOUBLE_ONLY),))
+        answers = []
+        for model, request_id in (("double", "a"), ("mlp", "b"), ("double", "c")):
+            await stream.write(request(model, request_id))
+            answers.append(await stream.read())
+        await stream.done_writing()
+        keyless = stub.ModelStreamInfer()
+        await keyless.write(request("double", "d"))
+        refused = await keyless.read()
+        await keyless.done_writing()
+
+    assert [(a.infer_response.id, a.error_message) for a in answers] == [
+        ("a", ""), ("b", "this API key may not use model 'mlp'"), ("c", "")
+    ]
+    assert (refused.infer_response.id, refused.error_message.startswith("missing API key")) == ("d", True)
+    assert count(registry, "switchyard_tenant_requests_total", {"tenant": "doubles", "code": "403"}) == 1
