@@ -10,9 +10,8 @@ one is answered, so a fast sender is held back by gRPC's flow control instead of
 in a short queue for the client to read them; a client that stops reading stops the stream's requests too. A stream
 with nothing in flight and nothing arriving for ``idle_timeout_s`` ends with ``DEADLINE_EXCEEDED``; at most
 ``max_open`` streams are open at once (each holds some memory, idle or not), more are refused with
-``RESOURCE_EXHAUSTED``. When the gateway
-shuts down, open streams stop reading, deliver what is in flight, and end with ``UNAVAILABLE`` (the client knows to
-reconnect); a stream the client had half-closed ends with OK as usual.
+``RESOURCE_EXHAUSTED``. When the gateway shuts down, open streams stop reading, deliver what is in flight, and end
+with ``UNAVAILABLE`` (the client knows to reconnect); a stream the client had half-closed ends with OK as usual.
 """
 
 from __future__ import annotations
@@ -104,10 +103,9 @@ class _Exchange:
             await waiter
         finally:
             self._writer = None
-        if timer is None:
-            return True
-        timer.cancel()
-        return bool(self.answers) or self.inflight > 0 or not self.reading
+            if timer is not None:
+                timer.cancel()
+        return timer is None or bool(self.answers) or self.inflight > 0 or not self.reading
 
 
 def _wake(waiter: asyncio.Future[None] | None) -> None:
