@@ -25,16 +25,21 @@ REFUSED_FOR_S = 10.0
 
 
 @contextmanager
-def gateways(repository: Path, model: str, worker_counts: Sequence[int], logs: Path) -> Iterator[dict[int, int]]:
+def gateways(
+    repository: Path, model: str, worker_counts: Sequence[int], logs: Path, *, cache_mb: float
+) -> Iterator[dict[int, int]]:
     """``switchyard serve`` once per worker count, all started at once (a GPU node's workers each take seconds to
     import torch and open a CUDA context: started together, the lent machine's minutes go to measuring), each in a
     process session of its own; yields worker count -> HTTP port once every one of them serves ``model``.
-    Stopped, whole sessions, on exit."""
+    The 1-worker gateway runs with a model cache of ``cache_mb`` and ``model`` pinned: loaded at its start within
+    that budget, or refused naming what it was charged. Stopped, whole sessions, on exit."""
     started: dict[int, tuple[subprocess.Popen[bytes], int, Path]] = {}
     try:
         for workers in worker_counts:
             port = free_ports(1)[0]
-            started[workers] = (start_gateway(repository, workers, port, logs), port, logs / f"gateway-{workers}w.log")
+            cache = {"SWITCHYARD_MODEL_CACHE_MB": str(cache_mb), "SWITCHYARD_PINNED_MODELS": model}
+            gateway = start_gateway(repository, workers, port, logs, cache if workers == 1 else {})
+            started[workers] = (gateway, port, logs / f"gateway-{workers}w.log")
         for workers, (proc, port, log) in started.items():
             wait_ready(proc, port, model, workers, log)
         yield {workers: port for workers, (_, port, _) in started.items()}
@@ -43,12 +48,15 @@ def gateways(repository: Path, model: str, worker_counts: Sequence[int], logs: P
             stop_session(proc)
 
 
-def start_gateway(repository: Path, workers: int, http_port: int, logs: Path) -> subprocess.Popen[bytes]:
+def start_gateway(
+    repository: Path, workers: int, http_port: int, logs: Path, settings: dict[str, str]
+) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-c", "from services.cli import main; main()", "serve", "--repository",
                str(repository), "--port", str(http_port), "--grpc-port", str(free_ports(1)[0]), "--workers",
                str(workers)]
     env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_WORKERS"}
     env["SWITCHYARD_STATE_PATH"] = str(logs / f"state-{workers}w" / "routing.json")
+    env.update(settings)
     with (logs / f"gateway-{workers}w.log").open("w") as out:
         return subprocess.Popen(command, cwd=Path(__file__).resolve().parent.parent, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -93,6 +101,14 @@ def readiness(port: int, model: str, workers: int) -> tuple[bool, str | None]:
     except OSError:  # not listening yet
         return False, None
     return len(set(re.findall(r'switchyard_active_version\{[^}]*worker="(\d+)"', text))) >= workers, None
+
+
+def cache_charge_mb(port: int, model: str) -> float | None:
+    """What the gateway's model cache charges ``model`` (MiB; None: the gateway has no cache, or not that model)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    found = re.search(rf'switchyard_model_cache_resident_bytes\{{model="{re.escape(model)}"\}} (\S+)', text)
+    return float(found.group(1)) / 2**20 if found else None
 
 
 def refusal_reason(status: int, body: bytes) -> str:

@@ -67,6 +67,7 @@ def test_the_cpu_dry_run_checks_parity_and_measures_every_run_with_1_and_2_worke
     assert {batch: rate > 0 for batch, rate in figures["ceiling_images_per_s"].items()} == {
         "1": True, "32": True, "128": True
     }
+    assert 0 < figures["cache_charged_mb"] < gpu_check.CACHE_MB  # the pinned model loaded, torch charged to no model
     assert "gateway, 2 worker(s), 4 clients" in done.stdout
     assert "passed; figures in" in done.stdout
     for workers in (1, 2):  # the logs come back beside the figures, each instance's device in them
