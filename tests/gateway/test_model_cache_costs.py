@@ -107,6 +107,7 @@ async def test_a_load_is_measured_after_its_runtime_started_so_it_is_charged_onl
     assert (cache.view("double")["memory_mb"], cache.view("double")["memory_is"]) == (2.0, "measured")
 
 
+@pytest.mark.slow  # traces a TorchScript module (priming torch)
 def test_the_runtimes_start_once_per_process_on_a_model_of_their_own() -> None:
     onnx = pytest.importorskip("onnx")
     graph = onnx.helper.make_graph(

@@ -37,6 +37,11 @@ _ABOUT_REQUEST = (
 """How Triton's errors about a request's regions begin or read; its python backend's own shared memory failing is
 another matter (a 500)."""
 Infer = Callable[[InferRequest], Awaitable[InferResponse]]
+IN_USE = "currently in use"
+"""Triton's words when it refuses to unregister a region a request still holds: it lets go of a request's regions
+just after answering it, so an unregister right after the answer can come too soon."""
+IN_USE_RETRIES_S = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+"""The pauses before each further try to unregister a region Triton holds (~2 s in all)."""
 
 
 class SharedMemoryRefused(InvalidInput):
@@ -103,13 +108,20 @@ class TritonSharedMemory:
             if found.users > 0:
                 return
             del self._objects[region.key]
+        # Outside the lock: the tries below may take a moment, and the name is this registration's own (a client
+        # registering the key again gets a new one).
+        for pause in (*IN_USE_RETRIES_S, None):
             client = self._client()
             if client is None:
                 return  # gone with the connection; a restarted Triton knows no regions
             try:
                 await client.unregister_system_shared_memory(found.name, client_timeout=self._timeout)
+                return
             except InferenceServerException as exc:
-                log.warning("Triton kept shared memory region '%s' (%r): %s", found.name, found.key, exc)
+                if IN_USE not in str(exc) or pause is None:
+                    log.warning("Triton kept shared memory region '%s' (%r): %s", found.name, found.key, exc)
+                    return
+            await asyncio.sleep(pause)
 
     async def infer(self, call: Infer, request: InferRequest) -> InferResponse:
         """``call(request)``, once more after registering again the objects a restarted Triton lost."""
