@@ -1,7 +1,7 @@
 """Modules whose ``forward`` decides on its input's values or batch size, and the inputs that take each way.
 
-The factories are importable for ``switchyard export MODULE:FACTORY``; they draw the example from the seed in
-``BRANCH_EXAMPLE_SEED`` so a test can sweep the seeds through the command line too.
+The factories are importable for ``switchyard export MODULE:FACTORY``; they take the example ``examples(kind)``
+holds at the index in ``BRANCH_EXAMPLE`` so a test can go through them on the command line too.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 FEATURES = 16
-SEED_VARIABLE = "BRANCH_EXAMPLE_SEED"
+EXAMPLE_VARIABLE = "BRANCH_EXAMPLE"
 
 
 class Scorer(nn.Module):
@@ -75,6 +75,17 @@ def build(kind: str) -> nn.Module:
     return BRANCHING[kind]().eval()
 
 
+def examples(kind: str) -> list[torch.Tensor]:
+    """Examples an export may be given, taking each way of the decision, two of each for the sign (seeds whose draws
+    sum above and below 0): whichever way the example takes, the export must keep both. Random draws alone would
+    not do: every seed's example of 4 rows has a value above 1.0 and more than 3 rows."""
+    if kind == "sign":
+        return [example(seed) for seed in (0, 1, 3, 2)]
+    if kind == "batch":
+        return [example(0, batch=2), example(0, batch=4)]
+    return [example(0) * 0.1, example(0)]
+
+
 def each_way(kind: str) -> list[torch.Tensor]:
     """Inputs of which some take one way of the decision and some the other, at several batch sizes."""
     rows = torch.randn(32, FEATURES, generator=torch.Generator().manual_seed(99)).abs() + 0.5
@@ -86,7 +97,7 @@ def each_way(kind: str) -> list[torch.Tensor]:
 
 
 def _cli_example(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
-    return build(kind), {"x": example(int(os.environ.get(SEED_VARIABLE, "0")))}
+    return build(kind), {"x": examples(kind)[int(os.environ.get(EXAMPLE_VARIABLE, "0"))]}
 
 
 def sign_model() -> tuple[nn.Module, dict[str, torch.Tensor]]:

@@ -1,7 +1,7 @@
 """Models that decide on their inputs' values or batch size: never published with one way of the decision frozen in.
 
 Each export is either refused with ``DataDependentControlFlowError`` (naming the line) or published and right on
-inputs that take each way, whatever the example's seed, through the Python API and the command line.
+inputs that take each way, whichever way its example took, through the Python API and the command line.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from services.cli import app
 from tests.exporter import branching_models as models
 from tests.exporter.helpers import listing
 
-SEEDS = range(20)
 FORMATS = ("onnx", "torchscript")
 
 
@@ -58,8 +57,10 @@ def assert_right_each_way(result: ExportResult, kind: str) -> None:
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("kind", sorted(models.BRANCHING))
 def test_export_keeps_both_ways_when_forward_decides_on_data(repo: Path, kind: str, fmt: str) -> None:
-    for seed in SEEDS:
-        result = export(models.build(kind), models.example(seed), name=f"{kind}{seed}", repository=repo,
+    examples = models.examples(kind)
+    assert {takes_first_way(kind, x) for x in examples} == {True, False}  # examples that take each way
+    for index, example in enumerate(examples):
+        result = export(models.build(kind), example, name=f"{kind}{index}", repository=repo,
                         format=fmt)  # type: ignore[arg-type]
 
         assert_right_each_way(result, kind)
@@ -89,16 +90,17 @@ def test_export_refuses_naming_the_line_when_only_a_trace_could_take_the_decisio
 @pytest.mark.parametrize("kind", sorted(models.BRANCHING))
 def test_cli_export_keeps_both_ways_when_forward_decides_on_data(repo: Path, kind: str, fmt: str | None) -> None:
     runner = CliRunner()
-    for seed in SEEDS:
+    count = len(models.examples(kind))
+    for index in range(count):
         options = [] if fmt is None else ["--format", fmt]
         done = runner.invoke(app, ["export", f"tests.exporter.branching_models:{kind}_model", "--name", "m",
                                    "--repository", str(repo), *options],
-                             env={models.SEED_VARIABLE: str(seed)})
+                             env={models.EXAMPLE_VARIABLE: str(index)})
 
         assert done.exit_code == 0, done.output
-        assert f"m version {seed + 1}" in done.stdout
+        assert f"m version {index + 1}" in done.stdout
     result = export(models.build(kind), models.example(0), name="m", repository=repo,
                     format=fmt or "onnx")  # type: ignore[arg-type]
-    for version in range(1, len(SEEDS) + 2):
+    for version in range(1, count + 2):
         published = ExportResult(**{**result.__dict__, "model_dir": repo / "m" / str(version)})
         assert_right_each_way(published, kind)

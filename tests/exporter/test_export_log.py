@@ -26,7 +26,7 @@ def cli_export(repo: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "services", "export", "tests.exporter.branching_models:sign_model", "--name", "sign",
          "--repository", str(repo), *extra],
         capture_output=True, text=True, cwd=ROOT, timeout=300, check=False,
-        env={**os.environ, models.SEED_VARIABLE: "3"},
+        env={**os.environ, models.EXAMPLE_VARIABLE: "3"},
     )
 
 
