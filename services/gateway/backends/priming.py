@@ -27,7 +27,7 @@ IDENTITY_ONNX = (
     b"\n\x02\x08\x01b\x0f\n\x01y\x12\n\n\x08\x08\x01\x12\x04\n\x02\x08\x01B\x04\n\x00\x10\r"
 )
 """A one-node ONNX model, ``y = Identity(x)`` of one float (IR 7, opset 13), as ``onnx.helper`` serializes it: the
-base install has onnxruntime but not the onnx package (``tests/gateway/test_runtime_priming.py`` builds it again)."""
+base install has onnxruntime but not the onnx package (``tests/gateway/test_model_cache_costs.py`` builds it again)."""
 
 _primed: set[tuple[str, Device]] = set()
 _lock = threading.Lock()
