@@ -8,9 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from services.cli import app
 from tests.shared_exports import copy_examples
 
 pytestmark = pytest.mark.slow  # exports models
@@ -36,10 +34,9 @@ def test_cli_export_prints_summary_when_export_succeeds(repo: Path) -> None:
     assert caption.strip().endswith("]"), caption  # nothing dangling after the last item
     assert "not released" not in done.stdout  # a model's first version is released
 
-    # The second in this process (the command's own code, without a second interpreter importing torch).
-    second = CliRunner().invoke(app, ["export", "examples.models:build_mlp", "--name", "mlp", "--repository", str(repo),
-                                      "--input", "features:FP32:32", "--version-policy", "all"])
-    assert second.exit_code == 0, second.output
+    second = switchyard("export", "examples.models:build_mlp", "--name", "mlp", "--repository", str(repo),
+                        "--input", "features:FP32:32", "--version-policy", "all")
+    assert second.returncode == 0, second.stderr
     assert ("version 2 is not released: it serves unversioned requests once activated (switchyard models activate "
             "mlp 2)") in " ".join(second.stdout.split())
 
@@ -99,10 +96,10 @@ def test_cli_export_names_the_extra_in_one_line_when_toolchain_is_missing(repo: 
 
 
 def test_cli_export_names_outputs_in_order_when_output_is_repeated(repo: Path) -> None:
-    done = CliRunner().invoke(app, ["export", "examples.models:build_mlp", "--name", "mlp", "--repository", str(repo),
-                                    "--input", "features:FP32:32", "--output", "scores", "--output", "probs"])
+    done = switchyard("export", "examples.models:build_mlp", "--name", "mlp", "--repository", str(repo),
+                      "--input", "features:FP32:32", "--output", "scores", "--output", "probs")
 
-    assert done.exit_code == 0, done.output
+    assert done.returncode == 0, done.stderr
     config = (repo / "mlp" / "config.pbtxt").read_text()
     assert config.index('name: "scores"') < config.index('name: "probs"')
 
