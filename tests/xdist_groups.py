@@ -48,7 +48,7 @@ COST = {
     "tests/integration/test_model_cache.py": 22,
     "tests/integration/test_openapi_schemathesis.py": 22,
     "tests/loadtests/test_gpu_check.py": 22,
-    "tests/exporter/test_cli.py": 21,
+    "tests/exporter/test_cli.py": 28,
     "tests/integration/test_replicas.py": 20,
     "tests/triton/test_control.py": 20,
     "tests/triton/test_swap_under_load.py": 20,
