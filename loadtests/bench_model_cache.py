@@ -46,8 +46,8 @@ import uvloop
 from clients import binary_body, exchange, http_request
 from gateway_readings import SAMPLE_S, MemorySampler, by_label, histogram, scrape
 from options import bench_parser
-from processes import free_ports, stop_session
-from workload import MODELS, ROOT, ensure_repository, export_all_versions
+from processes import free_ports, gateway_command, process
+from workload import MODELS, ensure_repository, export_all_versions
 
 from services.tritonlocal import LocalTriton, TritonInstall
 
@@ -79,14 +79,6 @@ class Traffic:
     per_model: Counter[str] = field(default_factory=Counter)
 
 
-def switchyard_command() -> Path:
-    """The ``switchyard`` script beside this interpreter (the venv's), else the checkout's venv's."""
-    for candidate in (Path(sys.executable).with_name("switchyard"), ROOT / ".venv" / "bin" / "switchyard"):
-        if candidate.is_file():
-            return candidate
-    raise SystemExit("bench_model_cache: no `switchyard` script beside this python nor in .venv/ (run `make install`)")
-
-
 @contextlib.contextmanager
 def serve(repository: Path, logs: Path, label: str, settings: dict[str, str], *options: str) -> Iterator[Gateway]:
     """``switchyard serve`` on free ports, with its own state path and only the ``SWITCHYARD_*`` variables given
@@ -97,31 +89,10 @@ def serve(repository: Path, logs: Path, label: str, settings: dict[str, str], *o
     env["SWITCHYARD_STATE_PATH"] = str(logs / f"state-{label}" / "routing.json")
     env |= settings
     log = logs / f"gateway-{label}.log"
-    command = [str(switchyard_command()), "serve", *options, "--repository", str(repository), "--port", str(http_port),
-               "--grpc-port", str(grpc_port)]
-    with log.open("w") as out:
-        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
     url = f"http://127.0.0.1:{http_port}"
-    try:
-        deadline = time.monotonic() + 180
-        while not _ready(url):
-            if proc.poll() is not None:
-                raise SystemExit(f"bench_model_cache: the {label} gateway exited ({proc.returncode}); see {log}")
-            if time.monotonic() > deadline:
-                raise SystemExit(f"bench_model_cache: the {label} gateway is not ready after 180 s; see {log}")
-            time.sleep(0.2)
+    command = gateway_command(repository, http_port, grpc_port, *options)
+    with process(command, f"{url}/v2/health/ready", log, env=env, own_session=True) as proc:
         yield Gateway(url, proc.pid, log, proc)
-    finally:
-        stop_session(proc)
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        return False
 
 
 def admin(url: str, path: str) -> dict[str, Any]:

@@ -38,9 +38,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -65,6 +65,9 @@ EXIT_UNFIT = 2
 
 Floats = npt.NDArray[np.float32]
 
+if TYPE_CHECKING:
+    from gpu_report import Parity, Report, Throughput
+
 
 class Unfit(Exception):
     """This machine lacks what the check needs (the message says what and what to do)."""
@@ -82,45 +85,6 @@ class Environment:
     onnxruntime: str
     onnxruntime_providers: list[str]
     cores: int
-
-
-@dataclass(frozen=True)
-class Parity:
-    workers: int
-    batch_sizes: list[int]
-    max_abs_error: float
-    max_rel_error: float
-    atol: float
-    rtol: float
-    passed: bool
-
-
-@dataclass(frozen=True)
-class Throughput:
-    workers: int
-    clients: int
-    client_processes: int
-    requests: int
-    requests_per_s: float
-
-
-@dataclass
-class Report:
-    device: str
-    environment: Environment
-    instances: int
-    seconds: float
-    ceiling_images_per_s: dict[int, float] = field(default_factory=dict)
-    parity: list[Parity] = field(default_factory=list)
-    throughput: list[Throughput] = field(default_factory=list)
-    phase_seconds: dict[str, float] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
-    cache_charged_mb: float | None = None
-    """What the 1-worker gateway's model cache charged the classifier (``CACHE_MB``)."""
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures and bool(self.parity) and all(p.passed for p in self.parity)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -333,6 +297,8 @@ def parity(port: int, workers: int) -> Parity:
         worst_abs = max(worst_abs, float(difference.max()))
         worst_rel = max(worst_rel, float((difference / np.maximum(np.abs(expected), 1e-12)).max()))
         passed = passed and bool(np.all(difference <= tolerance + tolerance * np.abs(expected)))
+    from gpu_report import Parity
+
     return Parity(workers, list(PARITY_BATCHES), worst_abs, worst_rel, tolerance, tolerance, passed)
 
 
@@ -371,6 +337,8 @@ def throughput(pool: Any, port: int, workers: int, clients: int, processes: int,
     runs = pool.starmap(client_run, [(port, share, seconds) for share in shares])
     requests = sum(count for count, _ in runs)
     rate = sum(count / measured for count, measured in runs if measured > 0)
+    from gpu_report import Throughput
+
     return Throughput(workers, clients, len(shares), requests, rate)
 
 
@@ -422,7 +390,9 @@ def measure(report: Report, pool: Any, port: int, workers: int, args: argparse.N
 
 
 def run_check(args: argparse.Namespace, env: Environment, out: Path) -> Report:
-    report = Report(args.device, env, args.instances, args.seconds)
+    from gpu_report import Report
+
+    report = Report(args.device, env, args.instances, args.seconds, CACHE_MB)
     torch_device = "cuda:0" if args.device == "cuda" else "cpu"
     work = Path(tempfile.mkdtemp(prefix="switchyard-gpu-check-"))
     try:
@@ -436,7 +406,7 @@ def run_check(args: argparse.Namespace, env: Environment, out: Path) -> Report:
     except Exception as exc:  # the figures so far still go out: a lent machine's minutes are not spent twice
         report.failures.append(f"{type(exc).__name__}: {exc}")
     finally:
-        write_report(report, out)
+        report.write(out)
         keep_logs(work, out)
         shutil.rmtree(work, ignore_errors=True)
     return report
@@ -448,34 +418,6 @@ def keep_logs(work: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for log in sorted(work.glob("gateway-*.log")):
         shutil.copyfile(log, out / log.name)
-
-
-def write_report(report: Report, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    figures = asdict(report) | {"passed": report.passed}
-    (out / "gpu_check.json").write_text(json.dumps(figures, indent=2) + "\n")
-
-
-def print_table(report: Report, out: Path) -> None:
-    best = max(report.ceiling_images_per_s.values(), default=0.0)
-    print(f"\nGPU check ({report.device}, {report.instances} instance(s) per worker, {report.seconds:g} s per run)")
-    print(f"{'what':<34}{'figure':>12}  unit")
-    for batch, rate in report.ceiling_images_per_s.items():
-        print(f"{f'in-process, batch {batch}':<34}{rate:>12.0f}  images/s")
-    for run in report.throughput:
-        share = f"  ({run.requests_per_s / best:.1%} of the best in-process)" if best else ""
-        label = f"gateway, {run.workers} worker(s), {run.clients} clients"
-        print(f"{label:<34}{run.requests_per_s:>12.0f}  req/s{share}")
-    if report.cache_charged_mb is not None:
-        charged = report.cache_charged_mb
-        print(f"{'model cache charge, 1 worker':<34}{charged:>12.1f}  MiB (of {CACHE_MB:g}; the runtime's start "
-              "charged to no model)")
-    for checked in report.parity:
-        print(f"parity with {checked.workers} worker(s): {'ok' if checked.passed else 'FAILED'} "
-              f"(max abs {checked.max_abs_error:.3g}, max rel {checked.max_rel_error:.3g})")
-    for failure in report.failures:
-        print(f"FAILED: {failure}")
-    print(f"{'passed' if report.passed else 'FAILED'}; figures in {out / 'gpu_check.json'}", flush=True)
 
 
 def output_folder(requested: Path | None) -> Path:
@@ -496,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_UNFIT
     out = output_folder(args.out)
     report = run_check(args, env, out)
-    print_table(report, out)
+    report.print_table(out)
     return 0 if report.passed else EXIT_FAILED
 
 

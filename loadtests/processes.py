@@ -67,24 +67,34 @@ def stop_session(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def _spawned(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """The process, run from the checkout with its output in ``log``; terminated (then killed) on exit."""
+def _spawned(
+    args: list[str], log: Path, env: dict[str, str] | None = None, own_session: bool = False
+) -> Iterator[subprocess.Popen[bytes]]:
+    """The process, run from the checkout with its output in ``log``; terminated (then killed) on exit, or with
+    ``own_session`` started in a session of its own and stopped whole (``stop_session``)."""
     with log.open("w") as out:
-        proc = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=own_session)
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        if own_session:
+            stop_session(proc)
+        else:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 @contextmanager
-def process(args: list[str], ready_url: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A process serving HTTP, once ``ready_url`` answers 200."""
-    with _spawned(args, log) as proc:
+def process(
+    args: list[str], ready_url: str, log: Path, *, env: dict[str, str] | None = None, own_session: bool = False
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A process serving HTTP, once ``ready_url`` answers 200; ``env``: its whole environment (None: this one's);
+    ``own_session``: see ``_spawned``."""
+    with _spawned(args, log, env, own_session) as proc:
         deadline = time.monotonic() + 180
         while True:
             if proc.poll() is not None:
