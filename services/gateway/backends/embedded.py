@@ -20,7 +20,7 @@ from services.gateway import repository
 from services.gateway.backends.base import describe_problem
 from services.gateway.backends.devices import CPU, InstancePlan, NoUsableGpu, gpus, plan_instances
 from services.gateway.backends.placement import Placement
-from services.gateway.backends.priming import prime_runtime
+from services.gateway.backends.priming import prime_model_runtime
 from services.gateway.backends.runners import (
     Runner,
     UnsupportedModel,
@@ -144,16 +144,9 @@ class EmbeddedBackend:
     async def prime_runtime(self, model: str) -> bool:
         """Start the runtime ``model`` runs on, on each device its instances use, once per process and apart from
         any load (``priming``): the model cache calls it before it measures a load. True when it started one now."""
-        return await asyncio.to_thread(self._prime, self._catalog.entry(model))
-
-    def _prime(self, entry: repository.ModelEntry) -> bool:
-        """On a thread: placing the instances may import torch to look for GPUs."""
-        try:
-            devices = sorted(set(plan_instances(entry.config, entry.platform, fallback=self._gpu_fallback).devices))
-        except NoUsableGpu:  # the load says so (or, with the fallback allowed, runs on the CPU)
-            devices = [CPU]
-        started = [prime_runtime(entry.platform, device) for device in devices]  # every device, not the first only
-        return any(started)
+        entry = self._catalog.entry(model)
+        # On a thread: placing the instances may import torch to look for GPUs.
+        return await asyncio.to_thread(prime_model_runtime, entry.config, entry.platform, self._gpu_fallback)
 
     async def load(self, model: str, version: int) -> None:
         # Re-read from disk: versions exported after startup and a re-exported config count.

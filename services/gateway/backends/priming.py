@@ -15,9 +15,10 @@ import threading
 
 import numpy as np
 import onnxruntime as ort
+from tritonclient.grpc import model_config_pb2
 
 from services.extras import require
-from services.gateway.backends.devices import CPU, Device, onnx_providers
+from services.gateway.backends.devices import CPU, Device, NoUsableGpu, onnx_providers, plan_instances
 from services.modelrepo import layout
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,17 @@ def prime_runtime(platform: str, device: Device = CPU) -> bool:
             return False
         _primed.add((platform, device))
         return True
+
+
+def prime_model_runtime(config: model_config_pb2.ModelConfig, platform: str, fallback: str) -> bool:
+    """``prime_runtime`` on every device a model's instances are placed on (``SWITCHYARD_GPU_FALLBACK`` is
+    ``fallback``); True when one started now. Blocking: placing the instances may import torch to look for GPUs."""
+    try:
+        devices = sorted(set(plan_instances(config, platform, fallback=fallback).devices))
+    except NoUsableGpu:  # the load says so (or, with the fallback allowed, runs on the CPU)
+        devices = [CPU]
+    started = [prime_runtime(platform, device) for device in devices]  # every device, not the first only
+    return any(started)
 
 
 def _prime_onnxruntime(device: Device) -> None:
