@@ -75,10 +75,17 @@ def model_dirs(repository: Path) -> list[Path]:
     return sorted(path for path in repository.iterdir() if is_model_dir(path))
 
 
+def is_version_name(name: str) -> bool:
+    """A version folder's name: ASCII digits from 1 up, no leading zero. Triton skips a folder named ``01`` or
+    ``abc`` with a warning, and ``str.isdigit`` alone would let ``²`` through to ``int()``, which refuses it; a
+    folder ``0`` is skipped too (version numbers start at 1 here: Triton would load it)."""
+    return name.isascii() and name.isdigit() and name[0] != "0"
+
+
 def is_version_dir(path: Path, config: mc.ModelConfig) -> bool:
-    """An integer-named folder holding the model file the config names (a file, or a folder such as an ONNX
-    model with external data or a SavedModel)."""
-    if not (path.is_dir() and path.name.isdigit()):
+    """A folder named by a version number holding the model file the config names (a file, or a folder such as an
+    ONNX model with external data or a SavedModel)."""
+    if not (is_version_name(path.name) and path.is_dir()):
         return False
     filename = model_filename(config)
     return filename is None or (path / filename).exists()

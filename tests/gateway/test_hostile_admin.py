@@ -100,7 +100,7 @@ def test_too_deep_counts_levels_of_lists_and_objects_when_walking() -> None:
         ("GET", "/v2/models/double/versions/{}/ready"),
     ],
 )
-@pytest.mark.parametrize("version", ["0", "01", "\u0661"])
+@pytest.mark.parametrize("version", ["-1", "1_0", "\u0661"])
 async def test_every_route_refuses_a_version_the_one_parser_refuses(
     client: httpx.AsyncClient, method: str, path: str, version: str
 ) -> None:

@@ -67,7 +67,7 @@ async def test_versioned_inference_is_answered_by_that_version_when_it_goes_thro
 
 
 async def test_malformed_version_in_the_path_answers_400_when_the_lane_parses_it(client: httpx.AsyncClient) -> None:
-    response = await client.post("/v2/models/double/versions/01/infer", json={"inputs": [X]})
+    response = await client.post("/v2/models/double/versions/1_0/infer", json={"inputs": [X]})
     assert response.status_code == 400
     assert "versions are decimal integers" in response.json()["error"]
 

@@ -65,7 +65,7 @@ NASTY: dict[str, Request] = {
     "superscript-datatype": _infer_request(datatype="\u00b2", shape=(1, 32)),
     "superscript-version": _infer_request(version="\u00b2"),
     "4301-digit-version": _infer_request(version="1" * 4301),
-    "version-0": _infer_request(version="0"),
+    "version-sign": _infer_request(version="-1"),
     "two-raw-for-one-input": _with(lambda r: r.raw_input_contents.append(b"")),
     "raw-3-bytes": _with(lambda r: r.raw_input_contents.__setitem__(0, b"\0" * 3)),
     "contents-and-raw": _with(lambda r: r.inputs[0].contents.fp32_contents.append(1.0)),
@@ -119,11 +119,10 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT
     [
         ("\u00b2", malformed_version(r"'\xb2'")),
         ("\uff11", malformed_version(r"'\uff11'")),
-        ("01", malformed_version("'01'")),
+        ("-1", malformed_version("'-1'")),
         ("1" * 4301, malformed_version(f"'{'1' * 40}'... (4301 characters)")),
-        ("0", "failed to get model version from specified version string '0'; versions start at 1"),
     ],
-    ids=["superscript", "fullwidth", "leading-zero", "4301-digits", "zero"],
+    ids=["superscript", "fullwidth", "sign", "4301-digits"],
 )
 def test_grpc_calls_answer_invalid_argument_when_version_malformed(stub: Any, version: str, message: str) -> None:
     assert _rejection(stub.ModelInfer, _infer_request(version=version)) == (INVALID, message)
@@ -131,6 +130,17 @@ def test_grpc_calls_answer_invalid_argument_when_version_malformed(stub: Any, ve
     assert _rejection(stub.ModelMetadata, service_pb2.ModelMetadataRequest(**target)) == (INVALID, message)
     assert _rejection(stub.ModelConfig, service_pb2.ModelConfigRequest(**target)) == (INVALID, message)
     assert _rejection(stub.ModelReady, service_pb2.ModelReadyRequest(**target)) == (INVALID, message)
+
+
+@pytest.mark.slow  # a gateway on real ports
+def test_grpc_version_0_is_an_unknown_version_and_leading_zeros_name_the_same_version(stub: Any) -> None:
+    code, message = _rejection(stub.ModelInfer, _infer_request(version="0"))
+    assert (code, message.startswith("Request for unknown model: 'mlp' version 0 is not found")) == (
+        grpc.StatusCode.NOT_FOUND, True
+    )
+    assert stub.ModelReady(service_pb2.ModelReadyRequest(name="mlp", version="0")).ready is False  # as Triton
+    served = stub.ModelInfer(_infer_request(version="01"))
+    assert served.model_version == "1"
 
 
 @pytest.mark.slow  # a gateway on real ports

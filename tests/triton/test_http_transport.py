@@ -125,3 +125,34 @@ def test_request_gets_503_with_retry_after_and_the_gateway_stays_up_when_triton_
     assert all("Retry-After" in a.headers for a in answers)
     assert "unavailable" in answers[-1].json()["error"]
     assert health.status_code == 200
+
+
+def _binary_answer(response: httpx.Response) -> dict[str, np.ndarray]:
+    """The FP32 outputs of an answer whose outputs all came as binary data."""
+    header_length = int(response.headers["inference-header-content-length"])
+    outputs, offset = {}, header_length
+    for output in httpx.Response(200, content=response.content[:header_length]).json()["outputs"]:
+        size = output["parameters"]["binary_data_size"]
+        data = np.frombuffer(response.content, np.float32, size // 4, offset)
+        outputs[output["name"]] = data.reshape(output["shape"])
+        offset += size
+    return outputs
+
+
+def test_raw_binary_request_gets_the_answer_triton_gives_it(
+    triton: LocalTriton, gateway: RunningGateway, reference: Reference
+) -> None:
+    """``Inference-Header-Content-Length: 0``: the body is mlp's one input, a batch of one, answered in binary."""
+    features = sample("mlp", rows=1, seed=6)["features"]
+    answers = {
+        server: httpx.post(f"http://{url}/v2/models/mlp/versions/2/infer", content=features.tobytes(),
+                           headers={"Inference-Header-Content-Length": "0"}, timeout=30)
+        for server, url in (("triton", triton.http_url), ("gateway", gateway.http_url))
+    }  # fmt: skip
+
+    for answer in answers.values():
+        assert answer.status_code == 200, answer.text
+    triton_outputs, gateway_outputs = (_binary_answer(answers[server]) for server in ("triton", "gateway"))
+    assert sorted(gateway_outputs) == sorted(triton_outputs) == sorted(reference("mlp", 2, {"features": features}))
+    for name, data in triton_outputs.items():
+        np.testing.assert_allclose(gateway_outputs[name], data, rtol=1e-6)

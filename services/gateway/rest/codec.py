@@ -75,7 +75,7 @@ def decode_request(
         priority = _natural(given, "priority", "") or 0
         params = {k: scalar(k, v) for k, v in given.items() if k not in _READ} if given.keys() - _READ else {}
     raw_outputs = header.get("outputs")
-    if raw_outputs is None:
+    if raw_outputs is None or raw_outputs == []:  # none named: every output, as gRPC's empty list and Triton
         requested, fmt, targets, classes = None, BINARY if binary_default else JSON, NO_TARGETS, NO_PARAMETERS
     else:
         requested, fmt, targets, classes = _decode_outputs(raw_outputs, binary_default, regions)
@@ -214,6 +214,11 @@ def _decode_input(raw: object, body: bytes, offset: int, regions: TensorRegions)
     size = params["binary_data_size"]
     if type(size) is not int:
         raise InvalidInput(f"input '{name}': binary_data_size must be an integer, got {described(size)}")
+    if "data" in item:  # one of the two would be dropped in silence
+        raise InvalidInput(
+            f"Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
+            f"'shared_memory_region' in 'parameters'; input '{name}' sets both 'data' and 'binary_data_size'"
+        )
     if datatype == BYTES:  # variable-length elements: the size is what their serialized form takes
         return InferInput(name, datatype, shape, from_binary(body, offset, size, shape, name)), offset + size
     count = math.prod(shape)

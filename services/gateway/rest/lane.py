@@ -24,6 +24,7 @@ from services.gateway.rest.answer_head import AnswerHeaders
 from services.gateway.rest.body import declared_length, read_body, read_inflated_body
 from services.gateway.rest.codec import decode_request, encode_response
 from services.gateway.rest.compression import encode_answer, inflater_for
+from services.gateway.rest.raw_request import RAW_HEADER_LENGTH, decode_raw_request
 from services.gateway.rest.responses import gateway_error_response
 from services.gateway.shaping.shaper import Admitted
 from services.gateway.tensors.regions import tensor_regions
@@ -100,9 +101,13 @@ class InferLane:
                 body = await read_inflated_body(receive, self._max_body, inflater)
             regions = tensor_regions(dataplane.regions, admitted.tenant)
             header_length = headers.get(b"inference-header-content-length")
-            request, fmt = decode_request(
-                body, None if header_length is None else header_length.decode("latin-1"), model, version, regions
-            )
+            if header_length == RAW_HEADER_LENGTH:  # no JSON: the input is the model's own (rare, so looked up)
+                metadata = await dataplane.model_metadata(model, version)
+                request, fmt = decode_raw_request(body, metadata, model, version)
+            else:
+                request, fmt = decode_request(
+                    body, None if header_length is None else header_length.decode("latin-1"), model, version, regions
+                )
             timeout, priority = headers.get(b"x-request-timeout"), headers.get(b"x-priority")
             shaper.shape(request, admitted, started, timeout=_text(timeout), priority=_text(priority))
         except GatewayError as exc:

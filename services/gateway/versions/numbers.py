@@ -10,17 +10,16 @@ which in Python 3.11 raises on more than 4,300 digits."""
 
 
 def parse_version(raw: str) -> int | None:
-    """``"3"`` -> 3; ``""`` -> None (the unversioned route or field). Anything else is the client's error: only
-    ASCII digits (``str.isdigit`` also accepts ``²`` and ``１``, which ``int()`` then rejects or reads), no leading
-    zeros (``01`` and ``1`` must not name the same version twice), and versions start at 1 as in Triton."""
+    """``"3"`` -> 3; ``""`` -> None (the unversioned route or field). As Triton reads a version string: leading zeros
+    are the same number (``"01"`` is version 1), and ``"0"`` is a number no repository holds (the caller answers it
+    as an unknown version, 404, as Triton does). Anything else is the client's error: only ASCII digits
+    (``str.isdigit`` also accepts ``²`` and ``１``, which ``int()`` then rejects or reads)."""
     if raw == "":
         return None
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > MAX_DIGITS or (raw[0] == "0" and len(raw) > 1):
+    digits = raw.lstrip("0") if raw.isascii() and raw.isdigit() else None
+    if digits is None or len(digits) > MAX_DIGITS:
         raise InvalidInput(  # Triton's words first: scripts written for it match on them
             f"failed to get model version from specified version string {shown(raw)}; "
             f"versions are decimal integers like 1 or 12, got {shown(raw)}"
         )
-    version = int(raw)
-    if version == 0:
-        raise InvalidInput("failed to get model version from specified version string '0'; versions start at 1")
-    return version
+    return int(digits) if digits else 0
