@@ -11,6 +11,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from exporter.artifacts import Progress, write_artifact
 from exporter.diagnostics import LOG_FILE, captured
+from exporter.dtypes import raw_bytes
 from exporter.errors import ExportError, RepositoryError
 from exporter.model_config import artifact_name, build_config, read_config, signature, signature_differences
 from exporter.module_io import ExampleInputs, prepare
@@ -92,14 +93,15 @@ def export(
             f"version {options.version} of model {name!r} already exists in {repo.root}; omit the version "
             "to write the next free one"
         )
-    was_training = module.training if isinstance(module, nn.Module) else False
+    # Each submodule's own flag: a model may be training with a frozen batch-norm, or in eval with a dropout on.
+    modes = [(m, m.training) for m in module.modules()] if isinstance(module, nn.Module) else []
     if isinstance(module, nn.Module):
         module.eval()  # serving is inference: dropout off, batch-norm running stats
     try:
         return _export(module, example_inputs, options, repo, input_names, output_names, dynamic_axes, report, verbose)
     finally:
-        if was_training:
-            module.train()
+        for submodule, training in modes:
+            submodule.training = training
 
 
 def _export(
@@ -120,7 +122,8 @@ def _export(
             f"the example inputs have batch {prepared.batch_size}, over max_batch_size={options.max_batch_size}"
         )
     served_in, served_out = served_names(prepared, options.format)
-    in_specs, out_specs = tensor_specs(prepared, served_in, served_out, dynamic_axes, options.format)
+    in_specs, out_specs = tensor_specs(prepared, served_in, served_out, dynamic_axes,
+                                     parity_batch_sizes(options.max_batch_size))
     warmup_dims = {n: list(t.shape[1:]) for n, t in zip(served_in, prepared.examples, strict=True)}
     config = build_config(options, in_specs, out_specs, warmup_dims)
     _check_compatible(repo, options.name, config)  # before minutes of exporting; again under the lock
@@ -150,19 +153,21 @@ def _export(
             raise
         notes = [*prepared.notes, *artifact.notes]
         report("publish")
-        write_samples(version_dir, prepared, served_in, served_out)
-        warmup = {n: t[:1].contiguous().cpu().numpy().tobytes()
-                  for n, t in zip(served_in, prepared.examples, strict=True)}
-        with repo.locked():
-            version = options.version if options.version is not None else repo.next_version(options.name)
-            _check_compatible(repo, options.name, config)
-            released = options.release if options.release is not None else not repo.versions(options.name)
-            write_manifest(
-                version_dir, options, version, released=released, platform=config.platform, artifact=artifact_path.name,
-                exporter=artifact.exporter, opset=artifact.opset, prepared=prepared, inputs=in_specs,
-                outputs=out_specs, parity=parity, notes=notes,
-            )
-            model_dir = repo.publish(options.name, version, version_dir, to_text(config), warmup)
+        warmup = {n: raw_bytes(t[:1]) for n, t in zip(served_in, prepared.examples, strict=True)}
+        try:
+            write_samples(version_dir, prepared, served_in, served_out)
+            with repo.locked():
+                version = options.version if options.version is not None else repo.next_version(options.name)
+                _check_compatible(repo, options.name, config)
+                released = options.release if options.release is not None else not repo.versions(options.name)
+                write_manifest(
+                    version_dir, options, version, released=released, platform=config.platform,
+                    artifact=artifact_path.name, exporter=artifact.exporter, opset=artifact.opset, prepared=prepared,
+                    inputs=in_specs, outputs=out_specs, parity=parity, notes=notes,
+                )
+                model_dir = repo.publish(options.name, version, version_dir, to_text(config), warmup)
+        except OSError as exc:  # a full disk, a permission changed under the export
+            raise repo.unwritable_error(exc) from exc
     return ExportResult(
         name=options.name, version=version, model_dir=model_dir,
         config_path=repo.model_dir(options.name) / CONFIG_FILE, manifest_path=model_dir / MANIFEST_FILE,

@@ -103,13 +103,24 @@ def is_data_dependent(error: BaseException) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class NarrowedAxis:
+    """A dynamic axis ``torch.export`` exported for fewer sizes than asked."""
+
+    axis: int
+    text: str
+    """Words for the user: which input, which axis, the sizes asked for and kept."""
+    pinned: bool
+    """Kept for one size alone (specialized to a constant), not a range."""
+
+
 def narrowed_axes(
     program: torch.export.ExportedProgram, input_names: Sequence[str], requested: Mapping[str, Mapping[int, AxisRange]]
-) -> list[tuple[int, str]]:
-    """Each dynamic axis ``torch.export`` exported for fewer sizes than asked: the axis, and words for the user."""
+) -> list[NarrowedAxis]:
+    """Each dynamic axis ``torch.export`` exported for fewer sizes than asked."""
     user_inputs = [spec.arg.name for spec in program.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT]
     placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
-    found: list[tuple[int, str]] = []
+    found: list[NarrowedAxis] = []
     for input_name, node_name in zip(input_names, user_inputs, strict=False):
         value = placeholders[node_name].meta.get("val")
         shape = getattr(value, "shape", None)
@@ -119,7 +130,8 @@ def narrowed_axes(
             size = shape[axis]
             wanted = f"{low}..{high if high is not None else 'any'}"
             if isinstance(size, int):
-                found.append((axis, f"input {input_name!r} axis {axis} to size {size} alone (asked for {wanted})"))
+                found.append(NarrowedAxis(
+                    axis, f"input {input_name!r} axis {axis} to size {size} alone (asked for {wanted})", pinned=True))
                 continue
             bounds = program.range_constraints.get(size.node.expr)
             if bounds is None:  # an expression of other sizes (e.g. 2*s0): its symbols are checked on their own
@@ -128,7 +140,8 @@ def narrowed_axes(
             if lower > low or (high is not None and (upper is None or upper < high)) or (
                     high is None and upper is not None):
                 got = f"{lower}..{upper if upper is not None else 'any'}"
-                found.append((axis, f"input {input_name!r} axis {axis} to sizes {got} (asked for {wanted})"))
+                found.append(NarrowedAxis(
+                    axis, f"input {input_name!r} axis {axis} to sizes {got} (asked for {wanted})", pinned=False))
     return found
 
 

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING
 from exporter.errors import InvalidSpecError
 
 if TYPE_CHECKING:
+    from typing import Any
+
+    import numpy.typing as npt
     import torch
 
 _TORCH_TO_TRITON = {
@@ -59,3 +62,23 @@ def torch_dtype(name: str) -> torch.dtype:
 def config_type(name: str) -> str:
     """Triton datatype name as written in ``config.pbtxt`` (``FP32`` -> ``TYPE_FP32``)."""
     return "TYPE_" + name.upper().removeprefix("TYPE_")
+
+
+def as_numpy(tensor: torch.Tensor) -> npt.NDArray[Any]:
+    """The tensor's values as a numpy array on the CPU. numpy has no bfloat16: a BF16 tensor comes back as float32,
+    which holds every bfloat16 value exactly, so comparisons and saved samples keep the numbers."""
+    import torch
+
+    cpu = tensor.detach().cpu()
+    return (cpu.float() if cpu.dtype == torch.bfloat16 else cpu).numpy()
+
+
+def raw_bytes(tensor: torch.Tensor) -> bytes:
+    """The tensor's elements as Triton reads raw tensor data: row-major, little-endian, the datatype's own width
+    (2 bytes for BF16, its bit pattern, which numpy cannot hold as a number)."""
+    import torch
+
+    cpu = tensor.detach().cpu().contiguous()
+    if cpu.dtype == torch.bfloat16:
+        cpu = cpu.view(torch.int16)
+    return bytes(cpu.numpy().tobytes())

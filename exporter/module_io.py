@@ -83,7 +83,9 @@ def prepare(
     if params is not None:
         _check_signature(params, names, keyword)
     flat = FlatModule(module, names if keyword else None)
-    outputs, tree = _run_eager(flat, module, examples)
+    ran_on = tuple(t.clone() for t in examples)  # compared with the examples afterwards
+    outputs, tree = _run_eager(flat, module, ran_on)
+    _refuse_input_changes(names, examples, ran_on)
     out_names = _output_names(tree, len(outputs), output_names)
     _check_batch_axes(names, examples, out_names, outputs)
     return PreparedModel(flat, names, examples, out_names, outputs, notes)
@@ -128,8 +130,8 @@ def _normalise_examples(
         if not value.is_contiguous():
             # Triton hands the model row-major buffers, so export what it will really receive.
             notes.append(f"example input {name!r} was not contiguous; exported with a contiguous copy")
-            value = value.contiguous()
-        tensors.append(value.detach())
+        # A copy of the caller's tensor: the export runs the model on it, which must never change the caller's data.
+        tensors.append(value.detach().clone(memory_format=torch.contiguous_format))
     batches = {int(t.shape[0]) for t in tensors}
     if len(batches) != 1:
         sizes = {n: int(t.shape[0]) for n, t in zip(names, tensors, strict=True)}
@@ -230,6 +232,27 @@ def _run_eager(
                 "Return tensors (convert numbers with torch.as_tensor and keep the batch dim first)."
             )
     return tuple(t.detach() for t in leaves), raw
+
+
+def _refuse_input_changes(
+    names: tuple[str, ...], examples: tuple[torch.Tensor, ...], ran_on: tuple[torch.Tensor, ...]
+) -> None:
+    """Refuse a forward that changed the copies of the examples it ran on: an exported graph cannot change the
+    tensors it is given, and every answer the parity gate compares against would come from changed inputs."""
+    changed = [n for n, before, after in zip(names, examples, ran_on, strict=True) if not _same(before, after)]
+    if changed:
+        raise ModelError(
+            f"the model's forward changes its input{'s' if len(changed) > 1 else ''} {', '.join(map(repr, changed))} "
+            "in place (an in-place operation such as x.mul_(2), x += 1, x[...] = 0 or x.clamp_(...) on the input). "
+            "An exported model cannot change the tensors it is given, so it would not behave as the eager model "
+            "does. Compute on a new tensor instead (x = x * 2), or copy the input first (x = x.clone())."
+        )
+
+
+def _same(before: torch.Tensor, after: torch.Tensor) -> bool:
+    if before.is_floating_point() or before.is_complex():
+        return bool(torch.equal(before, after) or torch.allclose(before, after, rtol=0, atol=0, equal_nan=True))
+    return bool(torch.equal(before, after))
 
 
 def _leaf_paths(raw: Any) -> list[tuple[str, Any]]:

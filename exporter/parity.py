@@ -4,19 +4,24 @@ refused, with the likely causes in the order they are likely."""
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
+from exporter.dtypes import as_numpy
 from exporter.errors import DynamicBatchError, ParityError
 from exporter.module_io import PreparedModel
 from exporter.parity_device import ON_CPU, ParityDevice, onnx_providers, onnx_started
 from exporter.parity_draws import DRAWS, Stats, draw_inputs, like_example
+
+if TYPE_CHECKING:
+    import onnxruntime
 
 Runner = Callable[[tuple[torch.Tensor, ...]], list[npt.NDArray[Any]]]
 
@@ -220,7 +225,7 @@ def _repeats(prepared: PreparedModel, inputs: tuple[torch.Tensor, ...], expected
 def _compare(
     name: str, batch: int, ref: torch.Tensor, out: npt.NDArray[Any], atol: float, rtol: float, draw: str
 ) -> OutputParity:
-    expected = ref.detach().cpu().double().numpy() if ref.is_floating_point() else ref.cpu().numpy()
+    expected = ref.detach().cpu().double().numpy() if ref.is_floating_point() else as_numpy(ref)
     actual = np.asarray(out)
     if actual.shape != expected.shape:
         return OutputParity(name, batch, float("inf"), float("inf"), atol, rtol, False, draw, float("inf"))
@@ -250,8 +255,11 @@ def onnx_runner(path: Path, input_names: Sequence[str], device: ParityDevice = O
     # from the other engine's next one (eager PyTorch ran at half speed beside them).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(path), sess_options=options, providers=onnx_providers(device))
+    bfloat16 = any(v.type == "tensor(bfloat16)" for v in (*session.get_inputs(), *session.get_outputs()))
 
     def run(inputs: tuple[torch.Tensor, ...]) -> list[npt.NDArray[Any]]:
+        if bfloat16:
+            return _run_bfloat16(session, input_names, inputs)
         feed = {n: t.detach().cpu().numpy() for n, t in zip(input_names, inputs, strict=True)}
         return list(session.run(None, feed))
 
@@ -266,6 +274,35 @@ def torchscript_runner(path: Path, device: ParityDevice = ON_CPU) -> tuple[Runne
         with torch.no_grad():
             out = module(*(t.to(device.runtime) for t in inputs))
         tensors = [out] if isinstance(out, torch.Tensor) else list(out)
-        return [t.detach().cpu().numpy() for t in tensors]
+        return [as_numpy(t) for t in tensors]
 
     return run, device
+
+
+def _run_bfloat16(
+    session: onnxruntime.InferenceSession, input_names: Sequence[str], inputs: tuple[torch.Tensor, ...]
+) -> list[npt.NDArray[Any]]:
+    """One run through ``OrtValue``s, which carry bfloat16 where numpy arrays cannot: a BF16 input goes in as its
+    bit pattern, a BF16 output comes back as float32 (exact)."""
+    import onnx
+    import onnxruntime as ort
+
+    on_cpu = [t.detach().cpu().contiguous() for t in inputs]
+    arrays = [t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy() for t in on_cpu]
+    feed = {
+        # The OrtValue borrows the array's memory: ``arrays`` keeps it alive for the run.
+        n: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a, onnx.TensorProto.BFLOAT16)
+        if t.dtype == torch.bfloat16 else ort.OrtValue.ortvalue_from_numpy(a)
+        for n, t, a in zip(input_names, inputs, arrays, strict=True)
+    }
+    results = []
+    for value in session.run_with_ort_values(None, feed):
+        if value.data_type() != "tensor(bfloat16)":
+            results.append(value.numpy())
+            continue
+        shape = tuple(value.shape())
+        count = int(np.prod(shape))
+        # numpy has no bfloat16 for OrtValue.numpy() to return: copy the 2-byte bit patterns out and widen them.
+        bits = np.frombuffer(ctypes.string_at(value.data_ptr(), 2 * count), dtype=np.int16).copy()
+        results.append(as_numpy(torch.from_numpy(bits).view(torch.bfloat16).reshape(shape)))
+    return results

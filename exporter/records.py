@@ -13,6 +13,7 @@ import onnx
 import onnxruntime
 import torch
 
+from exporter.dtypes import as_numpy
 from exporter.module_io import PreparedModel
 from exporter.parity import ParityReport
 from exporter.repository import sha256_files
@@ -25,8 +26,9 @@ def write_samples(
     version_dir: Path, prepared: PreparedModel, served_in: tuple[str, ...], served_out: tuple[str, ...]
 ) -> None:
     (version_dir / SAMPLES_DIR).mkdir()
-    inputs = {n: t.cpu().numpy() for n, t in zip(served_in, prepared.examples, strict=True)}
-    outputs = {n: t.cpu().numpy() for n, t in zip(served_out, prepared.reference_outputs, strict=True)}
+    # BF16 tensors are saved as float32 (numpy has no bfloat16), value for value; the manifest keeps the datatype.
+    inputs = {n: as_numpy(t) for n, t in zip(served_in, prepared.examples, strict=True)}
+    outputs = {n: as_numpy(t) for n, t in zip(served_out, prepared.reference_outputs, strict=True)}
     np.savez(version_dir / SAMPLE_INPUTS_FILE, **inputs)  # type: ignore[arg-type]
     np.savez(version_dir / SAMPLE_OUTPUTS_FILE, **outputs)  # type: ignore[arg-type]
 

@@ -38,7 +38,7 @@ class ModelRepository:
         directory = self.model_dir(name)
         if not directory.is_dir():
             return []
-        return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+        return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and _is_version_name(p.name))
 
     def next_version(self, name: str) -> int:
         return max(self.versions(name), default=0) + 1
@@ -46,15 +46,22 @@ class ModelRepository:
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Serialise publishers (several exports into one repository, a gateway rescanning it)."""
-        with publish_lock(self.root):
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(publish_lock(self.root))
+            except OSError as exc:
+                raise self.unwritable_error(exc) from exc
             yield
 
     @contextlib.contextmanager
     def staging(self) -> Iterator[Path]:
         """A private folder inside the repository, removed whatever happens."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._remove_abandoned_staging()
-        path = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=self.root))
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._remove_abandoned_staging()
+            path = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=self.root))
+        except OSError as exc:
+            raise self.unwritable_error(exc) from exc
         try:
             yield path
         finally:
@@ -73,6 +80,31 @@ class ModelRepository:
         Call under ``locked()``. The version folder appears in one rename; ``config.pbtxt`` and the
         warmup files are replaced one by one with ``os.replace``, each atomic.
         """
+        try:
+            return self._publish(name, version, staged_version, config_text, warmup)
+        except OSError as exc:
+            raise self.unwritable_error(exc) from exc
+
+    def unwritable_error(self, exc: OSError) -> RepositoryError:
+        """The refusal for an I/O failure while writing into the repository (a file in its place, no permission,
+        a full disk)."""
+        if self.root.exists() and not self.root.is_dir():
+            reason = "it is a file, not a folder"
+        else:
+            reason = f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+        return RepositoryError(
+            f"cannot write to the model repository {self.root}: {reason}. Point repository= (--repository) at a "
+            "folder you can write to, or at a path where one can be created, with free space."
+        )
+
+    def _publish(
+        self,
+        name: str,
+        version: int,
+        staged_version: Path,
+        config_text: str,
+        warmup: Mapping[str, bytes],
+    ) -> Path:
         model_dir = self.model_dir(name)
         target = model_dir / str(version)
         if target.exists():
@@ -126,6 +158,12 @@ class ModelRepository:
             pid_text = path.name.removeprefix(STAGING_PREFIX).split("-", 1)[0]
             if pid_text.isdigit() and not _alive(int(pid_text)):
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def _is_version_name(name: str) -> bool:
+    # str.isdigit() also takes other scripts' digits and superscripts ('²', '٣'), which int() refuses or Triton
+    # would not read as a version: only ASCII decimal names number versions.
+    return name.isascii() and name.isdigit()
 
 
 def _alive(pid: int) -> bool:

@@ -1,15 +1,20 @@
-"""The served tensors: Triton's names per format, and dims with ``-1`` wherever an axis is dynamic."""
+"""The served tensors: Triton's names per format, and dims with ``-1`` wherever an axis is dynamic (an output's
+dims read off eager runs at the sizes the parity gate checks)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
-from exporter.errors import InvalidSpecError
+from exporter.errors import DynamicBatchError, InvalidSpecError, ModelError
 from exporter.module_io import PreparedModel
+from exporter.parity_draws import Stats, like_example
 from exporter.specs import TensorSpec
 from exporter.torch2onnx import DynamicAxes
+
+_PROBE_SEED = 4321
+"""Fixed, so that the same export declares the same dims every time."""
 
 
 def served_names(prepared: PreparedModel, fmt: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -32,23 +37,18 @@ def tensor_specs(
     served_in: tuple[str, ...],
     served_out: tuple[str, ...],
     dynamic_axes: DynamicAxes | None,
-    fmt: str,
+    batch_sizes: Sequence[int],
 ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """The served tensors' specs. ``batch_sizes`` are those the parity gate checks: an output's dims are read off
+    eager runs at those batch sizes and at the other sizes of the dynamic axes the gate checks, since one run cannot
+    tell which output dims follow an input's size."""
     axes = dynamic_axes or {}
-
-    def dims(source: str, shape: torch.Size) -> tuple[int, ...]:
-        dynamic = _declared(axes, source)
-        return tuple(-1 if i + 1 in dynamic else int(d) for i, d in enumerate(shape[1:]))
-
-    ins = tuple(TensorSpec(n, dt_, dims(src, t.shape)) for n, dt_, src, t in
-                zip(served_in, prepared.input_datatypes, prepared.input_names, prepared.examples, strict=True))
-    outs = tuple(TensorSpec(n, dt_, dims(src, t.shape)) for n, dt_, src, t in
-                 zip(served_out, prepared.output_datatypes, prepared.output_names, prepared.reference_outputs,
-                     strict=True))
-    if fmt == "torchscript" or any(axes):
-        # Output dims that follow a dynamic input dim cannot be read off one eager run: mark any dim
-        # that is not fixed across the example and a resized run as dynamic.
-        outs = _widen_output_dims(prepared, outs, axes)
+    ins = tuple(TensorSpec(n, dt_, tuple(-1 if i + 1 in _declared(axes, src) else int(d)
+                                         for i, d in enumerate(t.shape[1:])))
+                for n, dt_, src, t in zip(served_in, prepared.input_datatypes, prepared.input_names,
+                                          prepared.examples, strict=True))
+    dims = _output_dims(prepared, axes, batch_sizes)
+    outs = tuple(TensorSpec(n, dt_, d) for n, dt_, d in zip(served_out, prepared.output_datatypes, dims, strict=True))
     return ins, outs
 
 
@@ -67,25 +67,60 @@ def _declared(axes: DynamicAxes, name: str) -> set[int]:
     return {int(a) for a in (declared.keys() if isinstance(declared, Mapping) else declared)}
 
 
-def _widen_output_dims(
-    prepared: PreparedModel, outs: tuple[TensorSpec, ...], axes: DynamicAxes
-) -> tuple[TensorSpec, ...]:
-    if not axes:
-        return outs
-    resized = []
-    for name, t in zip(prepared.input_names, prepared.examples, strict=True):
-        dyn = _declared(axes, name) - {0}
-        shape = [d + 1 if i in dyn else d for i, d in enumerate(t.shape)]
-        resized.append(_grow(t, shape) if dyn else t)
-    with torch.no_grad():
-        other = prepared.flat(*resized)
-    return tuple(
-        TensorSpec(s.name, s.datatype, tuple(-1 if d != int(o.shape[i + 1]) else d for i, d in enumerate(s.dims)))
-        for s, o in zip(outs, other, strict=True)
-    )
+def _output_dims(prepared: PreparedModel, axes: DynamicAxes, batch_sizes: Sequence[int]) -> list[tuple[int, ...]]:
+    """Each output's dims past the batch axis, ``-1`` where a dynamic input axis changes it.
+
+    An output dim that changes with the batch size is refused: Triton's dynamic batcher concatenates requests along
+    axis 0 and splits the outputs back along axis 0 only, so such an output (a Gram matrix ``y @ y.T``, a softmax
+    over the batch) would give each request rows that depend on the other requests batched with it."""
+    generator = torch.Generator().manual_seed(_PROBE_SEED)
+    reference = [tuple(int(d) for d in t.shape) for t in prepared.reference_outputs]
+    for batch in (b for b in batch_sizes if b != prepared.batch_size):
+        probed = _probe(prepared, [(batch, *t.shape[1:]) for t in prepared.examples], generator)
+        for name, ref, got in zip(prepared.output_names, reference, probed or reference, strict=True):
+            # A first axis that is not the batch is the export check's and the parity gate's to explain.
+            if got[0] == batch and got[1:] != ref[1:]:
+                raise DynamicBatchError(
+                    f"output {name!r} has shape {ref} for a batch of {ref[0]} but {got} for a batch of {batch}: "
+                    "dims past its first follow the batch size, so each request's answer would depend on the "
+                    "requests Triton's dynamic batcher puts beside it (it concatenates requests along axis 0 and "
+                    "splits outputs along axis 0 only). Compute each row from its own input row (e.g. per-sample "
+                    "y @ y.transpose(-1, -2) on a (batch, n, d) input instead of y @ y.T), or move the cross-batch "
+                    "step into the client's post-processing."
+                )
+    dynamic = [_declared(axes, name) - {0} for name in prepared.input_names]
+    varying: list[set[int]] = [set() for _ in reference]
+    # Grow the dynamic axes as the parity gate does (one more at each step), at the example's batch size.
+    for grow in range(1, len(batch_sizes)) if any(dynamic) else ():
+        shapes = [tuple(d + grow if axis in dyn else d for axis, d in enumerate(t.shape))
+                  for t, dyn in zip(prepared.examples, dynamic, strict=True)]
+        for seen, ref, got in zip(varying, reference, _probe(prepared, shapes, generator) or reference, strict=True):
+            seen.update(axis for axis in range(1, len(ref)) if got[axis] != ref[axis])
+    for seen, name in zip(varying, prepared.output_names, strict=True):
+        seen |= _declared(axes, name)  # dynamic_axes may name outputs too
+    return [tuple(-1 if axis in seen else d for axis, d in enumerate(ref) if axis > 0)
+            for ref, seen in zip(reference, varying, strict=True)]
 
 
-def _grow(t: torch.Tensor, shape: list[int]) -> torch.Tensor:
-    grown = torch.zeros(shape, dtype=t.dtype)
-    grown[tuple(slice(0, d) for d in t.shape)] = t
-    return grown
+def _probe(
+    prepared: PreparedModel, shapes: Sequence[Sequence[int]], generator: torch.Generator
+) -> list[tuple[int, ...]] | None:
+    """The output shapes of one eager run on fresh inputs of ``shapes``; ``None`` where forward raises there: the
+    export and the parity gate run these sizes too, and explain the failure in their terms (a batch size the code
+    pins, an operator's limit)."""
+    inputs = tuple(like_example(Stats.of(t), tuple(shape), generator).to(t.device)
+                   for t, shape in zip(prepared.examples, shapes, strict=True))
+    try:
+        with torch.no_grad():
+            outputs = prepared.flat(*inputs)
+    except Exception:
+        return None
+    found = [tuple(int(d) for d in o.shape) for o in outputs]
+    for name, ref, got in zip(prepared.output_names, prepared.reference_outputs, found, strict=True):
+        if len(got) != ref.dim():
+            raise ModelError(
+                f"output {name!r} has {ref.dim()} dims for the example inputs but {len(got)} for inputs of shapes "
+                f"{[tuple(t.shape) for t in inputs]}; Triton declares a fixed number of dims per tensor, so keep "
+                "the output's rank fixed."
+            )
+    return found

@@ -70,6 +70,7 @@ def export_onnx(
         exporter, fallback_reason = _capture(prepared, examples, path, max_batch_size, extra_axes, opset)
     model = onnx.load(str(path), load_external_data=False)
     _check_batch_axes(model)
+    _check_dynamic_axes(model, extra_axes, exporter)
     opset_used = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     return OnnxArtifact(path, exporter, opset_used, fallback_reason)
 
@@ -98,9 +99,14 @@ def _capture(
     narrowed = narrowed_axes(captured, prepared.input_names, requested) if captured is not None else []
     # A narrowed batch axis is a decision on the batch size; a narrowed other axis usually is an operator's need
     # (a kernel larger than the input), and a decision only where a trace of forward shows one.
-    if narrowed and (any(axis == 0 for axis, _ in narrowed) or traced_decisions(prepared.flat, examples)):
-        reason = "torch.export narrowed " + "; ".join(text for _, text in narrowed)
+    reason = "torch.export narrowed " + "; ".join(n.text for n in narrowed)
+    if narrowed and (any(n.axis == 0 for n in narrowed) or traced_decisions(prepared.flat, examples)):
         return _fallback(_Job(prepared, examples, path, extra_axes, opset), reason, reason, decides=True)
+    if any(n.pinned for n in narrowed):
+        # torch.export fixed a dynamic axis to the example's size where an operator's shape logic did not generalise
+        # (Conv1d + MaxPool1d over a sequence): its file would take that one size. The TorchScript-based exporter
+        # keeps the axis symbolic; _check_dynamic_axes and the parity gate at other sizes verify that it did.
+        return _fallback(_Job(prepared, examples, path, extra_axes, opset), reason, reason, decides=False)
     program.save(str(path))
     return DYNAMO, None
 
@@ -240,6 +246,20 @@ def _check_batch_axes(model: onnx.ModelProto) -> None:
                     f"the exported ONNX {kind} {value.name!r} has a fixed batch axis (size {dims[0].dim_value}); "
                     "the model's code pins the batch size. Reshape with x.shape[0] (not a literal), avoid "
                     "x.view(N, ...) / torch.zeros(N, ...) with a fixed N, and keep every output's dim 0 the batch."
+                )
+
+
+def _check_dynamic_axes(model: onnx.ModelProto, extra_axes: Mapping[str, Mapping[int, str]], exporter: str) -> None:
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        for axis in extra_axes.get(value.name, {}):
+            if axis < len(dims) and dims[axis].WhichOneof("value") == "dim_value":
+                raise ExportError(
+                    f"axis {axis} of input {value.name!r} was asked to be dynamic, but the exported ONNX graph "
+                    f"fixes it at {dims[axis].dim_value} (the example's size): the exporter that wrote it "
+                    f"({exporter}) specialised the model's code to that size, so the file would refuse every other "
+                    "size. Export with format='torchscript' (every dim stays dynamic there), or leave the axis out "
+                    "of dynamic_axes (--input with its size instead of -1) and export one model per size."
                 )
 
 

@@ -14,6 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from examples.models import build_classifier, build_mlp, build_mlp_v2, classifier_inputs, mlp_inputs
 from exporter import ExportError, InvalidSpecError, RepositoryError, export
+from exporter.repository import ModelRepository
 from services.modelrepo.manifest import is_released, read_manifest, read_samples
 from tests.exporter.helpers import listing
 
@@ -156,6 +157,22 @@ def test_export_numbers_past_folder_when_it_holds_no_model_file(repo: Path) -> N
 
     assert result.version == 4
     assert listing(repo / "mlp" / "3") == []
+
+
+def test_export_refuses_repository_when_its_path_is_a_file(tmp_path: Path) -> None:
+    not_a_folder = tmp_path / "model_repository"
+    not_a_folder.write_text("")
+
+    with pytest.raises(RepositoryError, match=r"cannot write to the model repository .*: it is a file, not a folder"):
+        export(build_mlp(), mlp_inputs(2), name="mlp", repository=not_a_folder, input_names=["features"])
+
+
+def test_repository_numbers_versions_by_ascii_decimal_folders_only(repo: Path) -> None:
+    for folder in ("1", "²", "٣", "3"):  # a superscript and an Arabic-Indic digit pass str.isdigit()
+        (repo / "m" / folder).mkdir(parents=True)
+
+    assert ModelRepository(repo).versions("m") == [1, 3]
+    assert ModelRepository(repo).next_version("m") == 4
 
 
 def test_export_refuses_model_when_its_config_is_unreadable(repo: Path) -> None:

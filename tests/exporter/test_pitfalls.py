@@ -21,6 +21,8 @@ from exporter import (
     UnsupportedOperatorError,
     export,
 )
+from services.modelrepo.layout import SAMPLE_INPUTS_FILE
+from services.modelrepo.manifest import read_samples
 from tests.exporter.helpers import listing
 
 
@@ -140,6 +142,54 @@ def test_export_declares_fp16_when_model_is_half_precision(repo: Path, fmt: str)
     assert result.parity.checks[0].atol == 1e-2
 
 
+class Bfloat16Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.float()).to(torch.bfloat16)
+
+
+@pytest.mark.slow  # exports models
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_export_serves_bf16_when_model_takes_and_returns_bfloat16(repo: Path, fmt: str) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 4).bfloat16()
+
+    result = export(Bfloat16Head().eval(), x, name=f"bf16_{fmt}", repository=repo, format=fmt,  # type: ignore[arg-type]
+                    max_batch_size=4)
+
+    config = text_format.Parse(result.config_path.read_text(), mc.ModelConfig())
+    assert (config.input[0].data_type, config.output[0].data_type) == (mc.TYPE_BF16, mc.TYPE_BF16)
+    assert result.parity.passed
+    # Triton reads BF16 raw data as 2 bytes per element: the bit pattern of the example's first row
+    warmup = result.model_dir.parent / "warmup" / config.input[0].name
+    assert warmup.read_bytes() == x[:1].view(torch.int16).numpy().tobytes()
+    samples = read_samples(result.model_dir, SAMPLE_INPUTS_FILE)
+    np.testing.assert_array_equal(samples[config.input[0].name], x.float().numpy())  # bf16 values kept exactly
+
+
+class ScalesInPlace(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        return self.fc(x)
+
+
+def test_export_names_in_place_change_when_forward_changes_its_input(repo: Path) -> None:
+    x = torch.randn(2, 4)
+    before = x.clone()
+
+    with pytest.raises(ModelError, match=r"forward changes its input 'x' in place .*x = x \* 2"):
+        export(ScalesInPlace(), x, name="m", repository=repo)
+    assert torch.equal(x, before)  # the caller's tensor is left alone
+    assert listing(repo) == []
+
+
 @pytest.mark.slow  # exports models
 def test_export_flattens_list_outputs_into_named_outputs_in_order(repo: Path) -> None:
     result = export(ListOutputs(), torch.randn(2, 5), name="m", repository=repo)
@@ -219,6 +269,20 @@ def test_export_puts_model_back_in_training_mode_when_it_was_training(repo: Path
 
     assert model.training
     assert result.max_abs_error < 1e-4
+
+
+@pytest.mark.slow  # exports a model
+def test_export_restores_each_submodules_mode_when_modes_are_mixed(repo: Path) -> None:
+    # training with a frozen batch-norm, and an eval-mode block with a dropout left on
+    model = nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4), nn.Sequential(nn.Dropout(0.5))).train()
+    model[1].eval()
+    model[2].eval()
+    model[2][0].train()
+    modes = [m.training for m in model.modules()]
+
+    export(model, torch.randn(2, 8), name="m", repository=repo, format="torchscript")
+
+    assert [m.training for m in model.modules()] == modes
 
 
 class MeanEmbedding(nn.Module):

@@ -1,0 +1,94 @@
+"""The served tensors' dims: an output dim that follows a dynamic input axis is declared ``-1``, one that follows
+the batch size is refused, and a dynamic axis the capture would fix stays dynamic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+from google.protobuf import text_format
+from onnx import TensorProto, helper
+from torch import nn
+from tritonclient.grpc import model_config_pb2 as mc
+
+from exporter import DynamicBatchError, ExportError, export
+from exporter.module_io import prepare
+from exporter.tensors import tensor_specs
+from exporter.torch2onnx import TORCHSCRIPT_ONNX, _check_dynamic_axes
+from tests.exporter.helpers import listing
+
+
+class Gram(nn.Module):
+    """Each row's answer mixes in every other row of the batch: (batch, 4) -> (batch, batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        return y @ y.T
+
+
+class FirstHalf(nn.Module):
+    """(batch, 4, L) -> (batch, 4, L // 2): the same output size at L = 8 and 9, another at 10."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, :, : x.shape[2] // 2] * 2
+
+
+class ConvPool(nn.Module):
+    """torch.export fixes the sequence axis of this one at the example's length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(4, 4, 3, padding=1)
+        self.pool = nn.MaxPool1d(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.conv(x))
+
+
+def test_export_refuses_output_when_its_dims_follow_the_batch_size(repo: Path) -> None:
+    with pytest.raises(DynamicBatchError, match=r"output 'output' has shape \(2, 2\) for a batch of 2 but "
+                                                r"\(1, 1\) for a batch of 1: dims past its first follow the batch"):
+        export(Gram(), torch.randn(2, 4), name="gram", repository=repo, max_batch_size=8)
+    assert listing(repo) == []
+
+
+def test_tensor_specs_declare_output_dim_dynamic_when_it_follows_a_dynamic_input_axis() -> None:
+    prepared = prepare(FirstHalf(), torch.randn(2, 4, 8))
+
+    inputs, outputs = tensor_specs(prepared, ("x",), ("output",), {"x": [2]}, batch_sizes=(1, 7, 8))
+
+    assert inputs[0].dims == (4, -1)
+    assert outputs[0].dims == (4, -1)
+
+
+@pytest.mark.slow  # exports a model
+def test_export_keeps_axis_dynamic_when_torch_export_fixes_it_to_the_example_size(repo: Path) -> None:
+    torch.manual_seed(0)
+
+    result = export(ConvPool().eval(), torch.randn(2, 4, 8), name="pool", repository=repo, max_batch_size=8,
+                    dynamic_axes={"x": [2]})
+
+    assert result.exporter == TORCHSCRIPT_ONNX
+    config = text_format.Parse(result.config_path.read_text(), mc.ModelConfig())
+    assert [list(t.dims) for t in config.input] == [[4, -1]]
+    assert [list(t.dims) for t in config.output] == [[4, -1]]
+    assert {shape[0][2] for shape in result.parity.input_shapes} == {8, 9, 10}
+
+
+def test_onnx_check_names_the_axis_when_the_file_fixes_an_axis_asked_to_be_dynamic() -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["output"])], "pinned",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 4, 8])],
+    )
+    model: onnx.ModelProto = helper.make_model(graph)
+
+    with pytest.raises(ExportError, match=r"axis 2 of input 'x' was asked to be dynamic, but the exported ONNX "
+                                          r"graph fixes it at 8 .*format='torchscript'"):
+        _check_dynamic_axes(model, {"x": {2: "x_dim2"}}, "torch.onnx.dynamo")
