@@ -18,7 +18,14 @@ from pathlib import Path
 
 from exporter.errors import RepositoryError
 from exporter.specs import validate_model_name
-from services.modelrepo.layout import CONFIG_FILE, EXPORT_LOGS_DIR, STAGING_PREFIX, WARMUP_DIR, publish_lock
+from services.modelrepo.layout import (
+    CONFIG_FILE,
+    EXPORT_LOGS_DIR,
+    STAGING_PREFIX,
+    WARMUP_DIR,
+    is_version_name,
+    publish_lock,
+)
 
 KEPT_LOGS = 20
 """Failed exports' logs kept in the repository's log folder, newest first."""
@@ -32,13 +39,13 @@ class ModelRepository:
         return self.root / validate_model_name(name)
 
     def versions(self, name: str) -> list[int]:
-        """Every integer-named folder, not only the versions ``layout.versions`` would serve: a folder
-        without its model file (being copied in, hand-made, half broken) still owns its number, so the next
-        export numbers past it instead of colliding with it or with whoever is still writing it."""
+        """Every folder named as a version (``layout.is_version_name``), not only those ``layout.versions`` would
+        serve: a folder without its model file (being copied in, hand-made, half broken) still owns its number, so
+        the next export numbers past it instead of colliding with it or with whoever is still writing it."""
         directory = self.model_dir(name)
         if not directory.is_dir():
             return []
-        return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and _is_version_name(p.name))
+        return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and is_version_name(p.name))
 
     def next_version(self, name: str) -> int:
         return max(self.versions(name), default=0) + 1
@@ -158,12 +165,6 @@ class ModelRepository:
             pid_text = path.name.removeprefix(STAGING_PREFIX).split("-", 1)[0]
             if pid_text.isdigit() and not _alive(int(pid_text)):
                 shutil.rmtree(path, ignore_errors=True)
-
-
-def _is_version_name(name: str) -> bool:
-    # str.isdigit() also takes other scripts' digits and superscripts ('²', '٣'), which int() refuses or Triton
-    # would not read as a version: only ASCII decimal names number versions.
-    return name.isascii() and name.isdigit()
 
 
 def _alive(pid: int) -> bool:

@@ -167,8 +167,9 @@ def test_export_refuses_repository_when_its_path_is_a_file(tmp_path: Path) -> No
         export(build_mlp(), mlp_inputs(2), name="mlp", repository=not_a_folder, input_names=["features"])
 
 
-def test_repository_numbers_versions_by_ascii_decimal_folders_only(repo: Path) -> None:
-    for folder in ("1", "²", "٣", "3"):  # a superscript and an Arabic-Indic digit pass str.isdigit()
+def test_repository_numbers_versions_by_version_folders_only(repo: Path) -> None:
+    # A superscript and an Arabic-Indic digit pass str.isdigit(); Triton skips "07" and the gateway "0"
+    for folder in ("1", "²", "٣", "07", "0", "3"):
         (repo / "m" / folder).mkdir(parents=True)
 
     assert ModelRepository(repo).versions("m") == [1, 3]
