@@ -89,7 +89,8 @@ class GatewayMetrics:
         self.rejected = Counter(
             "switchyard_rejected_total",
             "Requests turned away by the gateway before reaching a model, by reason: too_large, unauthorized, "
-            "forbidden, rate_limit, key_concurrency, invalid, not_found, deadline, overload.",
+            "forbidden, rate_limit, key_flood (too many new API keys to verify), key_concurrency, invalid, not_found, "
+            "deadline, overload.",
             ["model", "reason"],
             registry=registry,
         )

@@ -17,6 +17,7 @@ from scripted_backend import ScriptedBackend
 from tritonclient.grpc import service_pb2
 
 from services.gateway.settings import Settings
+from services.gateway.shaping.keys import VERIFICATIONS_PER_S
 from services.keyfile.format import KeyEntry, hash_secret, presented_key, write_entries
 
 BODY = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
@@ -127,3 +128,26 @@ async def test_a_changed_concurrency_is_in_force_after_the_reload(
 
     assert refused.status_code == 429
     assert answers == [200, 200]
+
+
+async def test_a_flood_of_made_up_secrets_is_counted_as_key_flood_not_against_the_key_it_names(
+    backend: ScriptedBackend, registry: CollectorRegistry, settings: Settings, tmp_path: Path
+) -> None:
+    """Past the hashes a second the gateway spends on new secrets, the rest get 429 without a hash: the key's own
+    rate limit did not refuse them, and its id is whatever the sender wrote, so neither is charged with them."""
+    async with gateway(backend, registry, settings, keys_file(tmp_path)) as (http, _):
+        answers = [
+            await http.post("/v2/models/double/infer", json=BODY,
+                            headers={"x-api-key": presented_key("free", f"made-up-{n}")})
+            for n in range(VERIFICATIONS_PER_S * 2)
+        ]  # fmt: skip
+
+    flooded = [answer for answer in answers if answer.status_code == 429]
+    assert flooded
+    assert {answer.status_code for answer in answers} == {401, 429}
+    assert flooded[0].json()["error"].startswith("too many new API keys to verify at once")
+    assert registry.get_sample_value("switchyard_rejected_total", {"model": "double", "reason": "key_flood"}) == len(
+        flooded
+    )
+    assert rejected(registry, "free", "rate_limit") == rejected(registry, "free", "key_flood") == 0
+    assert rejected(registry, "free", "unauthorized") == len(answers) - len(flooded)

@@ -235,6 +235,7 @@ def test_a_killed_worker_is_restarted_while_the_other_serves_without_a_failure(n
             if after.get("0", 0) > counts.get("0", 0):
                 on_worker_0.append(client)
         assert on_worker_0, f"no connection landed on worker 0 ({before})"
+        counted_before = node_total(node, OK_HTTP % "2")  # both workers report, and keep what they reported
         os.kill(int(pids["1"]), signal.SIGKILL)
         # A new connection the kernel routes to the dying worker's listener in its last moments is reset with it
         # (SO_REUSEPORT's known race, which no server closes); it may still show right after the process is gone.
@@ -242,6 +243,7 @@ def test_a_killed_worker_is_restarted_while_the_other_serves_without_a_failure(n
         while _alive(int(pids["1"])):
             time.sleep(0.01)
         failures: list[str] = []
+        served_since = 0
         lost_in_the_race = 0
         answered_since = False
         deadline = time.monotonic() + 60
@@ -250,6 +252,8 @@ def test_a_killed_worker_is_restarted_while_the_other_serves_without_a_failure(n
                 answer = client.post("/v2/models/mlp/infer", json=body())
                 if answer.status_code != 200:
                     failures.append(answer.text)
+                else:
+                    served_since += 1
             try:
                 status = on_new_connection(node, FREE)[0]  # only worker 0 listens until 1 is back
             except ConnectionResetError:
@@ -260,6 +264,8 @@ def test_a_killed_worker_is_restarted_while_the_other_serves_without_a_failure(n
                 answered_since = True
                 if status != 200:
                     failures.append(f"a new connection: {status}")
+                else:
+                    served_since += 1
             restarted = dict(re.findall(r"worker (\d) started \(pid (\d+)\)", node.log.read_text()))
             if restarted["1"] != pids["1"] and httpx.get(f"http://{node.http_url}/v2/health/ready").status_code == 200:
                 break
@@ -270,6 +276,8 @@ def test_a_killed_worker_is_restarted_while_the_other_serves_without_a_failure(n
         assert restarted["1"] != pids["1"], "worker 1 was not restarted"
         assert f"worker 1 (pid {pids['1']}) died with signal SIGKILL" in node.log.read_text()
         assert node_total(node, "switchyard_worker_restarts") == 1  # counted, and shown by the node
+        # The node's counters never go backwards: the dead process's last report stays in the sum.
+        assert node_total(node, OK_HTTP % "2") == counted_before + served_since
     finally:
         for client in clients:
             client.close()

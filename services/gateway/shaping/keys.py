@@ -55,9 +55,11 @@ class ApiKeysError(ValueError):
 
 class TooManyVerifications(RateLimited):
     """More new keys to verify than ``VERIFICATIONS_PER_S``: 429, retry in a second (a key verified once is
-    remembered, so its holder is refused only while a flood of unverified secrets lasts)."""
+    remembered, so its holder is refused only while a flood of unverified secrets lasts). A reason of its own: the
+    key's rate limit is not what refused it, and the id it names is whatever the sender wrote."""
 
     retry_after_s = 1
+    reason = "key_flood"
 
 
 class ModelForbidden(Forbidden):

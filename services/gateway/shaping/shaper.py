@@ -17,7 +17,7 @@ from services.gateway.settings import Settings
 from services.gateway.shaping.concurrency import AdaptiveLimit, ModelGate
 from services.gateway.shaping.deadlines import Deadlines, Priorities
 from services.gateway.shaping.key_quota import KeyQuotas, KeySlots
-from services.gateway.shaping.keys import ANONYMOUS, ApiKeys, build_api_keys
+from services.gateway.shaping.keys import ANONYMOUS, ApiKeys, TooManyVerifications, build_api_keys
 from services.gateway.shaping.limits import KeyLimit, LimitTable
 from services.gateway.shaping.node_buckets import NodeRateLimiter
 from services.gateway.shaping.node_share import NodeShare, NodeSlots
@@ -85,7 +85,9 @@ class Shaper:
             return
         try:
             access = self.keys.identify(api_key)
-        except GatewayError as exc:  # 401, or 429 while too many new secrets wait to be hashed
+        except TooManyVerifications:  # not the key's doing: anyone may write its id before a made-up secret
+            raise
+        except GatewayError as exc:  # 401
             self._key_refused(self.keys.known_id(api_key), exc.reason)
             raise
         admitted.tenant = access.tenant  # set first: a forbidden call is counted against its tenant

@@ -40,6 +40,8 @@ _CREATED_OF = ("counter", "histogram", "summary")
 """Types whose series carry a ``_created`` timestamp; the 0.0.4 text writes it as a gauge family of its own
 (``<name>_created``), so it is recognised by name."""
 
+_CUMULATIVE = frozenset(_CREATED_OF)
+"""The types whose figures add up over a process's life."""
 SampleKey = tuple[str, tuple[tuple[str, str], ...]]
 Combine = Callable[[float, float], float]
 
@@ -62,6 +64,13 @@ def merge_metrics(texts: Sequence[str], *, per_worker: bool = False, workers: Se
     indices = list(workers) if workers is not None else list(range(len(texts)))
     families = _label_each_worker(parsed, indices) if per_worker else _combine_workers(parsed)
     return generate_latest(_Families(families)).decode("utf-8")
+
+
+def cumulative(text: str) -> str:
+    """``text`` with only its counters, histograms and summaries: the figures that add up over a process's life (a
+    gauge describes the process as it is now)."""
+    families = [family for family in text_string_to_metric_families(text) if family.type in _CUMULATIVE]
+    return generate_latest(_Families(families)).decode("utf-8") if families else ""
 
 
 class _Families(Collector):

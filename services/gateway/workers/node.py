@@ -20,6 +20,7 @@ from services.gateway.versions.manager import VersionManager
 from services.gateway.versions.replicas import adopt
 from services.gateway.workers.figures import NodeFigures
 from services.gateway.workers.forwarding import repository_forward
+from services.gateway.workers.kept import KeptFigures
 from services.gateway.workers.peers import Peers, WorkerDown
 from services.gateway.workers.place import WorkerPlace
 from services.gateway.workers.regions import PeerRegions
@@ -39,6 +40,7 @@ class WorkerNode:
         # held when it died is not held any more.
         self.share = NodeShare.attach(place.share_path, place.index)
         self.share.reset_worker(place.index)
+        self.kept = KeptFigures(place.figures_path, place.index)
         self._dataplane: DataPlane | None = None
         self._manager: VersionManager | None = None
 
@@ -47,7 +49,7 @@ class WorkerNode:
         version actions reach every worker, on the others repository actions go to worker 0 (the admin API goes
         there as HTTP, ``forwarding.py``). The node's calls reach this worker on its socket once it serves."""
         self._dataplane, self._manager = dataplane, manager
-        figures = NodeFigures(self.peers, shared_server=manager.backend.shared_server)
+        figures = NodeFigures(self.peers, shared_server=manager.backend.shared_server, kept=self.kept)
         dataplane.node = figures
         regions = PeerRegions(self.peers)
         await regions.take_over(dataplane.regions)

@@ -5,6 +5,7 @@ no port), which only the node's processes reach: it lies in the node's folder, m
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -24,6 +25,8 @@ from services.gateway.tensors.types import VersionState
 from services.gateway.versions.manager import VersionManager
 from services.gateway.versions.progress import Progress, Steps
 from services.gateway.versions.replicas import adopt
+from services.gateway.workers.figures import PID_HEADER
+from services.gateway.workers.kept import KeptFigures
 from services.gateway.workers.regions import region_json
 
 log = logging.getLogger(__name__)
@@ -34,9 +37,11 @@ class PeerApi:
     """An ASGI app: ``/peer/...`` here, anything else to ``gateway`` (the worker's own app)."""
 
     def __init__(
-        self, gateway: ASGIApp, dataplane: DataPlane, manager: VersionManager, repository: RepositoryApi
+        self, gateway: ASGIApp, dataplane: DataPlane, manager: VersionManager, repository: RepositoryApi,
+        kept: KeptFigures,
     ) -> None:
         self._gateway = gateway
+        self._kept = kept
         self._dataplane = dataplane
         self._manager = manager
         self._repository = repository
@@ -72,7 +77,11 @@ class PeerApi:
         await response(scope, receive, send)
 
     async def _metrics(self, request: Request) -> Response:
-        return Response(generate_latest(self._dataplane.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        """This process's figures, kept first: should it die, the node goes on counting what it reported."""
+        text = generate_latest(self._dataplane.metrics.registry)
+        await asyncio.to_thread(self._kept.keep, text.decode())
+        headers = {PID_HEADER: str(self._kept.pid)}
+        return Response(text, media_type=CONTENT_TYPE_LATEST, headers=headers)
 
     async def _statistics(self, request: Request) -> Response:
         raw = request.query_params.get("version")

@@ -112,6 +112,11 @@ class Peers:
     # -- the node's figures, on any worker ----------------------------------------------------------------------
     async def texts(self, path: str, **params: str) -> list[tuple[int, str]]:
         """Each answering worker's text answer to ``path`` (its own figures)."""
+        return [(index, answer.text) for index, answer in await self.answers(path, **params)]
+
+    async def answers(self, path: str, **params: str) -> list[tuple[int, httpx.Response]]:
+        """Each answering worker's answer to ``path``, in worker order; the others are left out (and logged, but for
+        a worker that is not running)."""
         answers = await self.each("GET", path, timeout_s=FIGURES_TIMEOUT_S, params=params)
         found = []
         for index, answer in sorted(answers.items()):
@@ -120,7 +125,7 @@ class Peers:
                     log.warning("worker %d left out of %s: %s", index, path,
                                 answer if isinstance(answer, Exception) else _error(answer))
                 continue
-            found.append((index, answer.text))
+            found.append((index, answer))
         return found
 
     async def routing(self) -> dict[str, RoutingRecord]:

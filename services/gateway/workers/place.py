@@ -30,6 +30,11 @@ class WorkerPlace:
         return self.folder / f"worker-{index}.sock"
 
     @property
+    def figures_path(self) -> Path:
+        """Each worker process's last reported counters, kept for the node's sums (``kept.py``)."""
+        return self.folder / "figures"
+
+    @property
     def share_path(self) -> Path:
         """The node's shared rate-limit buckets and concurrency counts (``shaping/node_share.py``)."""
         return self.folder / "share"

@@ -34,7 +34,7 @@ def run_worker(spec: WorkerSpec) -> None:
                      registry=app.state.dataplane.metrics.registry)
     restarts.set(spec.restarts)  # the node's answer adds the workers' up
     gateway = app if place.acting else ForwardToActingWorker(app, node.peers, max_body_bytes=settings.max_body_bytes)
-    served = PeerApi(gateway, app.state.dataplane, app.state.manager, app.state.repository_api)
+    served = PeerApi(gateway, app.state.dataplane, app.state.manager, app.state.repository_api, node.kept)
     server = PlainPeerSocketServer(uvicorn_config(settings, served), node.listen())
     server.run(sockets=[reuseport_socket(settings.host, settings.port)])
 
