@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
 
-from services.gateway.errors import unknown_model, unknown_version
+from services.gateway.errors import ModelNotFound, unknown_model, unknown_version
 from services.gateway.tensors.datatypes import from_config
 from services.gateway.tensors.types import ModelMetadata, TensorSpec
 from services.modelrepo import layout
@@ -45,6 +45,21 @@ class ModelEntry:
 
     def version_dir(self, version: int) -> Path:
         return self.path / str(version)
+
+    def missing(self, version: int) -> ModelNotFound:
+        """The 404 for a version this entry does not have, saying what is on disk: no folder, or a folder without
+        the model file the config names (an export copied by hand, half of one). Blocking (a stat): off the loop."""
+        folder = self.version_dir(version)
+        filename = layout.model_filename(self.config)
+        if folder.is_dir() and filename is not None:
+            named_by = (
+                "config.pbtxt's default_model_filename" if self.config.default_model_filename
+                else f"Triton's file name for {self.platform}, as config.pbtxt names no default_model_filename"
+            )
+            detail = f"its folder {folder} is there but holds no model file: expected {filename} ({named_by})"
+        else:
+            detail = f"the repository has no version {version} of it"
+        return unknown_version(self.name, version, detail)
 
     def model_path(self, version: int) -> Path | None:
         return layout.model_path(self.path, version, self.config)
@@ -114,6 +129,8 @@ class Catalog:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._entries: dict[str, ModelEntry] = {}
+        self._gone: dict[str, tuple[int, ...]] = {}
+        """model -> the versions on disk when its folder was last there, while the folder is missing."""
 
     @property
     def entries(self) -> Mapping[str, ModelEntry]:
@@ -128,15 +145,19 @@ class Catalog:
         fresh = scan(self.root)
         known = self._entries
         new_models = tuple(sorted(set(fresh) - set(known)))
+        # A missing model's entry lists nothing on disk; when its folder comes back, what is new is judged against
+        # what it had before it went, not against that empty list (its versions still serve all along).
+        before = {name: self._gone.get(name, entry.available) for name, entry in known.items()}
         new_versions = {
-            name: tuple(sorted(set(entry.available) - set(known[name].available)))
+            name: tuple(sorted(set(entry.available) - set(before[name])))
             for name, entry in fresh.items()
-            if name in known and set(entry.available) - set(known[name].available)
+            if name in known and set(entry.available) - set(before[name])
         }
         missing = tuple(sorted(set(known) - set(fresh)))
         merged = dict(fresh)
         for name in missing:
             merged[name] = replace(known[name], available=(), released=())
+        self._gone = {name: before[name] for name in missing}
         self._entries = merged
         return ScanResult(new_models, new_versions, missing)
 
@@ -147,5 +168,5 @@ class Catalog:
         fresh = read_entry(entry.path) if entry.path.is_dir() else replace(entry, available=(), released=())
         self._entries = {**self._entries, model: fresh}
         if version not in fresh.available:
-            raise unknown_version(model, version, f"the repository has no version {version} of it")
+            raise fresh.missing(version)
         return fresh

@@ -10,6 +10,7 @@ batch dimension first; ``outputs.npz`` is what eager PyTorch produced for ``inpu
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,31 @@ def is_released(version_dir: Path) -> bool:
 
 
 def read_samples(version_dir: Path, relative: str) -> dict[str, npt.NDArray[Any]]:
-    """Load a samples ``.npz`` (inputs or expected outputs) as name -> array, batch dim first."""
-    with np.load(version_dir / relative, allow_pickle=False) as archive:
-        return {key: archive[key] for key in archive.files}
+    """Load a samples ``.npz`` (inputs or expected outputs) as name -> array, batch dim first. ``OSError`` when it
+    cannot be read; ``ValueError`` naming the file when it is not a ``.npz`` of plain arrays."""
+    path = version_dir / relative
+    # The file is opened here: numpy leaves a path it opened itself open when the bytes are not what it expects.
+    with path.open("rb") as handle:
+        try:
+            archive = np.load(handle, allow_pickle=False)
+            if not isinstance(archive, np.lib.npyio.NpzFile):
+                raise ValueError("it holds a single .npy array, not arrays keyed by tensor name")
+            with archive:
+                return {key: archive[key] for key in archive.files}
+        except (ValueError, EOFError, zipfile.BadZipFile) as exc:
+            # numpy reads bytes it does not recognise as a pickle, and its refusal then suggests allow_pickle=True:
+            # advice that would run whatever the file holds. Say what the file should be instead.
+            raise ValueError(f"{path} is not a valid .npz of arrays (numpy.savez: one array per tensor name): "
+                             f"{_npz_fault(exc)}") from None
+
+
+def _npz_fault(exc: Exception) -> str:
+    if isinstance(exc, EOFError):
+        return "the file is empty"
+    if isinstance(exc, zipfile.BadZipFile):
+        return f"its zip archive is damaged ({exc})"
+    if "pickled" in str(exc):
+        return "it is neither a zip archive of arrays nor an array"
+    if "Object arrays" in str(exc):
+        return "it holds arrays of Python objects, which are never unpickled"
+    return str(exc)

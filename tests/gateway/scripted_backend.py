@@ -77,6 +77,8 @@ class ScriptedBackend:
     real backend, which reads the repository when it loads."""
     loads: list[int] = field(default_factory=list)
     unloads: list[int] = field(default_factory=list)
+    initial: dict[str, set[int]] = field(default_factory=dict)
+    """What the gateway asked ``start`` to load (the states stay as the test set them)."""
     extra_config: str = ""
     """Appended to ``CONFIG`` in what ``config`` answers (a ``model_warmup``, say)."""
 
@@ -87,6 +89,7 @@ class ScriptedBackend:
 
     async def start(self, initial: Mapping[str, Collection[int]]) -> None:
         self.started = True
+        self.initial = {name: set(versions) for name, versions in initial.items()}
 
     async def close(self) -> None:
         self.started = False

@@ -245,6 +245,9 @@ async def test_compare_preview_is_refused_when_asked_wrongly(client: httpx.Async
     stable = await client.post(path, headers=ADMIN)
     assert (stable.status_code, stable.json()) == (400, {"error": "version 1 is the stable version of model 'double'"})
     assert (await client.post("/admin/models/nothere/versions/2/compare", headers=ADMIN)).status_code == 404
+    absent = await client.post("/admin/models/double/versions/99/compare", headers=ADMIN)
+    assert absent.status_code == 404  # not 409 "not loaded: an activation loads it": there is nothing to activate
+    assert "'double' version 99 is not found; the repository has no version 99 of it" in absent.json()["error"]
     assert (await client.post("/admin/models/double/versions/x/compare", headers=ADMIN)).status_code == 400
     assert (await client.get(path, headers=ADMIN)).status_code == 405
 

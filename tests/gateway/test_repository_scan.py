@@ -9,6 +9,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from services.gateway import repository
+from services.gateway.errors import ModelNotFound
 from services.modelrepo.config import read_config
 
 CONFIG = """
@@ -116,3 +117,37 @@ def test_read_config_round_trips_when_written_by_text_format(tmp_path: Path) -> 
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.pbtxt").write_text(text_format.MessageToString(config))
     assert read_config(tmp_path / "m") == config
+
+
+def test_catalog_scan_reports_no_serving_version_as_new_when_a_missing_model_folder_comes_back(
+    tmp_path: Path,
+) -> None:
+    model = _model(tmp_path / "repository", "", ["1", "2"])
+    catalog = repository.Catalog(tmp_path / "repository")
+    catalog.scan()
+    model.rename(tmp_path / "away")
+    assert catalog.scan().missing_models == ("m",)
+    assert catalog.scan().missing_models == ("m",)  # still away on the next scan
+    (tmp_path / "away").rename(model)
+    (model / "3").mkdir()  # exported while the folder was away: that one is new
+    (model / "3" / "model.onnx").write_bytes(b"graph")
+    back = catalog.scan()
+    assert (back.new_versions, back.missing_models) == ({"m": (3,)}, ())
+    assert catalog.entry("m").available == (1, 2, 3)
+
+
+def test_catalog_refresh_names_the_model_file_it_looked_for_when_a_version_folder_has_none(tmp_path: Path) -> None:
+    model = _model(tmp_path, "", ["1"])
+    (model / "5" / "samples").mkdir(parents=True)  # the exporter's manifest and samples, no model.onnx
+    (model / "5" / "manifest.json").write_text("{}")
+    catalog = repository.Catalog(tmp_path)
+    catalog.scan()
+    with pytest.raises(ModelNotFound) as raised:
+        catalog.refresh("m", 5)
+    assert str(raised.value) == (
+        f"Request for unknown model: 'm' version 5 is not found; its folder {model / '5'} is there but holds no "
+        "model file: expected model.onnx (Triton's file name for onnxruntime_onnx, as config.pbtxt names no "
+        "default_model_filename)"
+    )
+    with pytest.raises(ModelNotFound, match="; the repository has no version 6 of it$"):
+        catalog.refresh("m", 6)

@@ -10,11 +10,13 @@ import time
 from collections import Counter
 
 import httpx
+import pytest
 from prometheus_client import CollectorRegistry
 from scripted_backend import ScriptedBackend
 
 from services.gateway.settings import Settings
-from tests.waiting import wait_until_async
+from services.gateway.tensors.types import VersionState
+from tests.waiting import eventually_async, wait_until_async
 
 ADMIN = {"Authorization": "Bearer s3cret-admin-token"}
 
@@ -97,6 +99,55 @@ async def test_canary_is_promoted_when_it_behaves_for_promote_after_s(client: ht
         if routing["stable"] == 2:
             break
     assert (routing["stable"], routing["previous"], routing["canary"]) == (2, 1, None)
+
+
+async def test_unload_of_the_canary_s_version_is_refused_naming_the_split_until_it_is_cleared(
+    client: httpx.AsyncClient, settings: Settings
+) -> None:
+    policy = {"canary": 2, "weight": 20, "promote_after_s": 3600, "rollback": {"max_error_rate": 0.1}}
+    assert (await traffic(client, policy)).status_code == 200
+    refused = await client.post("/admin/models/double/versions/2/unload", headers=ADMIN)
+    assert refused.status_code == 409
+    assert refused.json()["error"] == (
+        "version 2 is the canary of model 'double' (20% of its traffic); end the split first (switchyard models "
+        'traffic double --clear, or PUT /admin/models/double/traffic {"canary": null}), then unload it'
+    )
+    status = (await client.get("/admin/models/double", headers=ADMIN)).json()
+    assert 2 in [v["version"] for v in status["loaded"] if v["state"] == "READY"]
+    assert status["routing"]["canary"]["version"] == 2
+    assert (await traffic(client, {"canary": None})).status_code == 200
+    assert (await client.post("/admin/models/double/versions/2/unload", headers=ADMIN)).status_code == 200
+    persisted = json.loads(settings.state_path.read_text())["models"]["double"]  # type: ignore[union-attr]
+    assert (persisted["canary"], persisted["loaded"]) == (None, [1])
+
+
+async def test_unload_of_the_shadow_s_version_is_refused_naming_the_shadow_until_it_is_stopped(
+    client: httpx.AsyncClient,
+) -> None:
+    await client.put("/admin/models/double/shadow", headers=ADMIN, json={"version": 2, "percent": 10})
+    refused = await client.post("/admin/models/double/versions/2/unload", headers=ADMIN)
+    assert refused.status_code == 409
+    assert "version 2 is the shadow of model 'double' (10% of its requests copied to it)" in refused.json()["error"]
+    assert "switchyard models shadow double --clear" in refused.json()["error"]
+    await client.put("/admin/models/double/shadow", headers=ADMIN, json={"version": None})
+    assert (await client.post("/admin/models/double/versions/2/unload", headers=ADMIN)).status_code == 200
+
+
+async def test_canary_is_not_promoted_while_its_version_is_not_ready_and_is_once_it_is(
+    client: httpx.AsyncClient, backend: ScriptedBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    await traffic(client, {"canary": 2, "weight": 50, "promote_after_s": 1})
+    backend.states[2] = VersionState.UNAVAILABLE  # its server lost it: no request reaches it, none proves it
+    held = "canary version 2 is due for promotion but is not loaded and ready"
+    assert await wait_until_async(lambda: any(held in r.getMessage() for r in caplog.records))
+    routing = (await client.get("/admin/models/double", headers=ADMIN)).json()["routing"]
+    assert (routing["stable"], routing["canary"]["version"]) == (1, 2)
+    backend.states[2] = VersionState.READY
+
+    async def stable() -> object:
+        return (await client.get("/admin/models/double", headers=ADMIN)).json()["routing"]["stable"]
+
+    assert await eventually_async(stable, 2) == 2
 
 
 async def test_shadow_answers_are_compared_and_never_served_when_sampled(

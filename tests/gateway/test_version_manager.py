@@ -128,6 +128,26 @@ async def test_activate_serves_the_version_with_a_note_when_the_warm_up_it_inven
     assert registry.get_sample_value("switchyard_invented_warmup_failures_total", labels) == 1
 
 
+async def test_failed_load_leaves_nothing_loaded_and_is_the_model_s_problem_when_an_activation_fails(
+    client: httpx.AsyncClient, backend: ScriptedBackend
+) -> None:
+    backend.broken.add(2)  # the backend keeps a version whose load failed as UNAVAILABLE
+    assert (await admin(client, "/versions/2/activate")).status_code == 422
+    assert 2 not in backend.states  # what the swap tried to load, it unloaded
+    (row,) = (await client.get("/admin/models", headers=ADMIN)).json()["models"]
+    assert (row["ready"], row["loaded"]) == (True, [1])
+    assert row["problem"] == (
+        "version 2 does not serve: loading failed: loading model 'double' version 2 failed: not a model"
+    )
+    pinned = await infer(client, 2)
+    assert pinned.status_code == 503
+    assert "loading failed" in pinned.json()["error"]
+    backend.broken.clear()  # fixed on disk: the next activation serves it, and the problem is gone
+    assert (await admin(client, "/versions/2/activate")).status_code == 200
+    (row,) = (await client.get("/admin/models", headers=ADMIN)).json()["models"]
+    assert (row["loaded"], row["problem"]) == ([1, 2], None)
+
+
 async def test_activate_runs_a_declared_warm_up_sample_its_count_of_times(
     client: httpx.AsyncClient, backend: ScriptedBackend
 ) -> None:
@@ -278,6 +298,25 @@ async def test_restarted_gateway_serves_the_persisted_routing_when_it_starts_aga
         status = (await http.get("/admin/models/double", headers=ADMIN)).json()
         assert (status["routing"]["stable"], status["routing"]["previous"]) == (2, 1)
         assert await served_version(http) == 2
+
+
+async def test_restart_loads_what_the_policy_selects_beside_the_recorded_versions_and_reports_one_that_fails(
+    backend: ScriptedBackend, settings: Settings
+) -> None:
+    async with serving(settings, backend):
+        pass  # a first start: the record says version 1 is loaded, as the policy (specific [1]) selects
+    config = Path(settings.repository) / "double" / "config.pbtxt"
+    config.write_text(config.read_text().replace("versions: [ 1 ]", "versions: [ 1, 2 ]"))
+    restarted = ScriptedBackend(
+        states={1: VersionState.READY, 2: VersionState.UNAVAILABLE}, problems={2: "loading failed: not a model"}
+    )
+    async with serving(settings, restarted) as http:
+        assert restarted.initial == {"double": {1, 2}}  # the policy's new choice too, not only the record's
+        (row,) = (await http.get("/admin/models", headers=ADMIN)).json()["models"]
+        assert (row["ready"], row["stable"], row["loaded"]) == (True, 1, [1])
+        assert row["problem"] == "version 2 does not serve: loading failed: not a model"
+        status = (await http.get("/admin/models/double", headers=ADMIN)).json()
+        assert status["problem"] == row["problem"]
 
 
 async def test_scan_lists_a_version_exported_while_running_and_does_not_serve_it(

@@ -4,6 +4,9 @@ without data refused; and invented inputs marked as such when nothing is declare
 
 from __future__ import annotations
 
+import io
+import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -60,3 +63,45 @@ def test_warmup_refuses_a_data_file_with_fewer_bytes_than_the_dims_need(tmp_path
 def test_warmup_refuses_an_input_that_sets_no_data_when_the_config_declares_it(tmp_path: Path) -> None:
     with pytest.raises(WarmupError, match="model_warmup 'bare': input 'x' sets none of zero_data, random_data"):
         warmup_requests(tmp_path, 1, _config(_sample("bare", 1, "")))
+
+
+def _exported_version(root: Path, samples: bytes) -> Path:
+    """A version folder as the exporter leaves it (manifest, samples/inputs.npz), with ``samples`` as that file."""
+    version = root / "1"
+    (version / "samples").mkdir(parents=True)
+    (version / "manifest.json").write_text(json.dumps({
+        "name": "m", "version": 1, "format": "onnx", "platform": "onnxruntime_onnx", "artifact": "model.onnx",
+        "exporter": "test", "max_batch_size": 4, "inputs": [], "outputs": [], "files": {}, "toolchain": {},
+        "parity": {},
+    }))
+    (version / "samples" / "inputs.npz").write_bytes(samples)
+    return version / "samples" / "inputs.npz"
+
+
+@pytest.mark.parametrize(
+    ("samples", "fault"),
+    [
+        (b"not an archive at all " * 4, "it is neither a zip archive of arrays nor an array"),
+        (b"", "the file is empty"),
+        (b"PK\x03\x04 cut short", "its zip archive is damaged"),
+    ],
+    ids=["garbage", "empty", "truncated-zip"],
+)
+def test_warmup_names_the_samples_file_and_what_it_should_be_when_it_is_not_an_npz(
+    tmp_path: Path, samples: bytes, fault: str
+) -> None:
+    path = _exported_version(tmp_path, samples)
+    with pytest.raises(WarmupError) as raised:
+        warmup_requests(tmp_path, 1, _config())
+    message = str(raised.value)
+    assert f"{path} is not a valid .npz of arrays (numpy.savez: one array per tensor name): {fault}" in message
+    assert "pickle" not in message  # numpy's advice to load it unsafely is no help here
+
+
+def test_warmup_names_the_inputs_the_samples_file_lacks_when_it_holds_other_arrays(tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    np.savez(buffer, text=np.array([[b"a", b"b"]], dtype=object).astype(bytes))
+    path = _exported_version(tmp_path, buffer.getvalue())
+    with pytest.raises(WarmupError, match=re.escape(f"{path} has no array for input(s) x of config.pbtxt (it holds: "
+                                                    "text)")):
+        warmup_requests(tmp_path, 1, _config())

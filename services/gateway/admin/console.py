@@ -6,6 +6,7 @@ through the admin API with the token the user types in."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from services.gateway.admin.endpoints import admin_error_response
 from services.gateway.admin.live import LiveFigures
 from services.gateway.admin.query import whole_number
 from services.gateway.errors import Conflict, GatewayError, InvalidInput, ModelNotFound
+from services.gateway.repository import ModelEntry
 from services.gateway.rest.responses import JSONBytesResponse
 from services.gateway.rest.route_table import add_route_table
 from services.gateway.shaping.admin_auth import AdminAuth
@@ -27,6 +29,7 @@ from services.gateway.tensors.types import VersionState
 from services.gateway.versions.comparison import compare_versions
 from services.gateway.versions.manager import VersionManager
 from services.gateway.versions.numbers import parse_version
+from services.modelrepo.layout import is_version_dir
 
 UI = Path(__file__).with_name("ui")
 ASSETS = {
@@ -121,6 +124,8 @@ class Console:
                     raise Conflict(f"model '{model}' has no routing yet (no version of it serves)")
                 if version == record.stable:
                     raise InvalidInput(f"version {version} is the stable version of model '{model}'")
+                if manager.backend.state(model, version) is None:
+                    await asyncio.to_thread(_on_disk, entry, version)  # 404 for a version the repository lacks
                 for side in (version, record.stable):
                     if manager.backend.state(model, side) is not VersionState.READY:
                         raise Conflict(f"version {side} of model '{model}' is not loaded: an activation loads it and "
@@ -162,6 +167,14 @@ async def _answer(
         return JSONBytesResponse(await action())
     except GatewayError as exc:
         return admin_error_response(request, exc)
+
+
+def _on_disk(entry: ModelEntry, version: int) -> None:
+    """``ModelNotFound`` (404, as an activation answers) when the repository has no such version: a "not loaded"
+    conflict would send the operator to activate a version that does not exist. Blocking: reads the folder."""
+    folder = entry.version_dir(version)
+    if version not in entry.available and not is_version_dir(folder, entry.config):
+        raise entry.missing(version)
 
 
 def _version(raw: str) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from services.gateway.tensors.types import VersionState
 from services.gateway.versions.manager import VersionManager
 
 
@@ -39,7 +40,7 @@ def model_status(manager: VersionManager, model: str) -> dict[str, Any]:
         "available": list(entry.available),
         "unreleased": [v for v in entry.available if v not in entry.released],
         "selected_by_policy": list(entry.selected),
-        "problem": None if manager.router.ready(model) else manager.router.problem(model),
+        "problem": _problem(manager, model),
         "action": running.to_json() if running is not None else None,
         "last_action": last.to_json() if last is not None else None,
         "last_replay": manager.last_replay.get(model),
@@ -61,7 +62,8 @@ def overview(manager: VersionManager) -> dict[str, Any]:
                 "generation": routing.get("generation"),
                 "canary": routing.get("canary"),
                 "shadow": routing.get("shadow"),
-                "loaded": [v["version"] for v in status["loaded"]],
+                # Loaded means serving here: a version that failed stays out of it and is in ``problem``.
+                "loaded": [v["version"] for v in status["loaded"] if v["state"] == VersionState.READY.value],
                 "available": status["available"],
                 "unreleased": status["unreleased"],
                 "problem": status["problem"],
@@ -71,6 +73,15 @@ def overview(manager: VersionManager) -> dict[str, Any]:
         )
     cache = manager.cache
     return {"models": models, "cache": cache.summary() if cache is not None else None}
+
+
+def _problem(manager: VersionManager, model: str) -> str | None:
+    """Why the model does not serve; while it serves, the versions on disk that failed to load or warm up."""
+    router = manager.router
+    if not router.ready(model):
+        return router.problem(model)
+    failed = router.failures(model)
+    return "; ".join(f"version {v} does not serve: {reason}" for v, reason in failed.items()) or None
 
 
 def _cache(manager: VersionManager, model: str) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.repository import Catalog
 from services.gateway.settings import Settings
 from services.gateway.state import Event, RoutingRecord, StateStore
+from services.gateway.state.policies import CanaryPolicy
 from services.gateway.versions.leases import Leases
 from services.gateway.versions.progress import ActionReport, Steps
 from services.gateway.versions.routing import Router
@@ -68,6 +69,10 @@ class VersionContext(Protocol):
         compare: bool = ...,
         actor: str = ...,
     ) -> ActionReport: ...
+
+    async def promote(self, model: str, canary: CanaryPolicy) -> ActionReport | None:
+        """The canary watch's promotion: activate the canary's version while that split holds and it is ready."""
+        ...
 
     def exclusive(self, model: str, action: str, version: int | None) -> AbstractAsyncContextManager[Steps]:
         """One action per model at a time (409 for a second one); the steps the action reports."""

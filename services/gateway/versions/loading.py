@@ -4,6 +4,7 @@ is loaded, so that other replicas converge on it."""
 from __future__ import annotations
 
 from services.gateway.errors import Conflict, GatewayError, unknown_version
+from services.gateway.state import RoutingRecord
 from services.gateway.tensors.types import VersionState
 from services.gateway.versions.context import VersionContext
 from services.gateway.versions.progress import GATEWAY, ActionReport
@@ -31,13 +32,14 @@ async def unload_version(
     drain_timeout_s: float | None = None,
     actor: str = GATEWAY,
 ) -> ActionReport:
-    """Drain ``version``'s requests and unload it; never the stable version (409)."""
+    """Drain ``version``'s requests and unload it; never a version the routing record routes to (409): the stable
+    version, nor the canary's or shadow's."""
     async with manager.exclusive(model, "unload", version) as steps:
         record = manager.router.record(model)
-        if record is not None and record.stable == version:
-            raise Conflict(
-                f"version {version} is the stable version of model '{model}'; activate another version first"
-            )
+        if record is not None:
+            refusal = routed_by(record, model, version)
+            if refusal is not None:
+                raise Conflict(refusal)
         if manager.backend.state(model, version) is None:
             raise unknown_version(model, version, "not loaded")
         async with steps.run("drain"):
@@ -59,3 +61,27 @@ async def note_loaded(manager: VersionContext, model: str) -> None:
     if record is None or record.loaded == manager.loaded_now(model):
         return
     await manager.commit_routing(model, record.but(loaded=manager.loaded_now(model)))
+
+
+def routed_by(record: RoutingRecord, model: str, version: int) -> str | None:
+    """Why ``version`` may not be unloaded while ``record`` names it, and what to do first; ``None`` when it names
+    it nowhere. A canary or shadow policy outlives its version's unload otherwise: the record still names it (and a
+    restart loads it again), so the split would come back by itself, or a promotion make an untried version
+    stable. Ending the policy is the operator's call, as activating another version is for the stable one."""
+    if record.stable == version:
+        return f"version {version} is the stable version of model '{model}'; activate another version first"
+    canary, shadow = record.canary, record.shadow
+    if canary is not None and canary.version == version:
+        share = f"{canary.weight:g}% of its traffic" if canary.weight > 0 else "weight 0, pulled back"
+        return (
+            f"version {version} is the canary of model '{model}' ({share}); end the split first "
+            f"(switchyard models traffic {model} --clear, or PUT /admin/models/{model}/traffic "
+            '{"canary": null}), then unload it'
+        )
+    if shadow is not None and shadow.version == version:
+        return (
+            f"version {version} is the shadow of model '{model}' ({shadow.percent:g}% of its requests copied to it); "
+            f"stop shadowing first (switchyard models shadow {model} --clear, or PUT /admin/models/{model}/shadow "
+            '{"version": null}), then unload it'
+        )
+    return None

@@ -19,6 +19,7 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.repository import Catalog
 from services.gateway.settings import Settings
 from services.gateway.state import Event, RoutingRecord, StateBusy, StateError, StateStore
+from services.gateway.state.policies import CanaryPolicy
 from services.gateway.state.records import now_iso
 from services.gateway.tensors.types import VersionState
 from services.gateway.versions.comparison import compare_versions
@@ -70,6 +71,8 @@ class VersionManager:
         """(model, generation) -> when following a routing record another gateway wrote failed (``replicas``)."""
         self.notes: dict[tuple[str, int], str] = {}
         """(model, version) -> what to know of a version that serves: its invented warm-up failed (the index says)."""
+        self._held: dict[str, str] = {}
+        """model -> the ``since`` of the canary whose promotion waits for its version to be ready (logged once)."""
         self.last_replay: dict[str, dict[str, Any]] = {}
         """The last replay check's report of each model (an activation's ``verify_replay``), passed or not."""
         self._tasks: list[asyncio.Task[None]] = []
@@ -126,6 +129,30 @@ class VersionManager:
             return await self._switch(
                 model, version, steps, keep_previous, drain_timeout_s, compare, actor, verify_replay
             )
+
+    async def promote(self, model: str, canary: CanaryPolicy) -> ActionReport | None:
+        """Activate ``canary``'s version as the canary watch's promotion, only while the routing still has that split
+        and its version is loaded, ready and warmed up: a version that served none of the canary's traffic is never
+        made stable by the clock alone. ``None`` when it is not promoted now (the watch looks again)."""
+        async with self.exclusive(model, "activate", canary.version) as steps:
+            record = self.router.record(model)
+            if record is None or record.canary != canary:
+                return None  # the split changed while the watch judged it: the next period judges the new one
+            if self.backend.state(model, canary.version) is not VersionState.READY or self.router.is_warming(
+                model, canary.version
+            ):
+                if self._held.get(model) != canary.since:
+                    self._held[model] = canary.since
+                    log.warning(
+                        "model '%s': canary version %d is due for promotion but is not loaded and ready (%s): not "
+                        "promoting it until it is", model, canary.version,
+                        self.router.problem(model, canary.version) or "not loaded",
+                    )
+                return None
+            self._held.pop(model, None)
+            log.info("model '%s': canary version %d behaved for %gs: promoting it", model, canary.version,
+                     canary.promote_after_s or 0)
+            return await self._switch(model, canary.version, steps, True, None, True, GATEWAY)
 
     async def rollback(
         self,
@@ -228,10 +255,14 @@ class VersionManager:
     async def prepare(self, model: str, version: int, steps: Steps) -> WarmedUp | None:
         """Load ``version`` (unless it is loaded) and warm it up; undo what this did on failure. The warm-up when
         it was loaded here, ``None`` when it was loaded already."""
-        async with steps.run("load"):
-            loaded_here = self.backend.state(model, version) is not VersionState.READY
-            if loaded_here:
-                await self.backend.load(model, version)  # re-reads the model's config and versions from disk
+        try:
+            async with steps.run("load"):
+                loaded_here = self.backend.state(model, version) is not VersionState.READY
+                if loaded_here:
+                    await self.backend.load(model, version)  # re-reads the model's config and versions from disk
+        except GatewayError as exc:
+            await self._forget_failed_load(model, version, exc)
+            raise
         try:
             warmed = await self.warm(model, version, steps) if loaded_here else None
             if self.workers is not None:
@@ -245,6 +276,17 @@ class VersionManager:
                 await self.workers.discard(model, version)
             raise
         return warmed
+
+    async def _forget_failed_load(self, model: str, version: int, exc: GatewayError) -> None:
+        """A load the backend tried and failed leaves nothing behind: a backend keeps such a version as
+        ``UNAVAILABLE``, which would read as loaded. Why it failed stays noted on the version, as a failed warm-up's
+        does (pinned requests and the admin API give it). A load that never reached the version (not on disk, the
+        backend down) leaves no state and notes nothing."""
+        if self.backend.state(model, version) is not VersionState.UNAVAILABLE:
+            return
+        reason = self.backend.problem(model, version) or f"loading failed: {exc}"
+        await self.quietly(self.backend.unload(model, version), f"unloading version {version}")
+        self.router.note(model, version, reason)
 
     async def warm(self, model: str, version: int, steps: Steps) -> WarmedUp:
         self.router.warming(model, version, True)

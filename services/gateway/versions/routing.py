@@ -139,6 +139,10 @@ class Router:
         else:
             self._warming.discard((model, version))
 
+    def is_warming(self, model: str, version: int) -> bool:
+        """A loaded version whose warm-up has not run yet (or the model cache is unloading): not served yet."""
+        return (model, version) in self._warming
+
     def note(self, model: str, version: int, problem: str | None) -> None:
         """Remember why a version is not served (its warm-up failed), beside what the backend knows."""
         if problem is None:
@@ -164,6 +168,17 @@ class Router:
         noted = [f"version {v}: {reason}" for (m, v), reason in sorted(self._notes.items()) if m == model]
         backend = self._backend.problem(model)
         return "; ".join([*noted, backend] if backend else noted) or None
+
+    def failures(self, model: str) -> dict[int, str]:
+        """The versions on disk that failed to load or warm up (at startup, in an action) and do not serve, with why:
+        a model whose stable version serves still has them as a problem. A version removed from disk since is none."""
+        entry = self._catalog.entries.get(model)
+        on_disk = set(entry.available) if entry is not None else set()
+        failed = {v: reason for (m, v), reason in self._notes.items() if m == model}
+        for version, state in self._backend.models().get(model, {}).items():
+            if state is VersionState.UNAVAILABLE and version not in failed:
+                failed[version] = self._backend.problem(model, version) or "unavailable"
+        return {v: failed[v] for v in sorted(failed) if v in on_disk}
 
     def ready(self, model: str) -> bool:
         """The model's stable version serves unversioned requests now."""

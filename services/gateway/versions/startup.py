@@ -1,5 +1,6 @@
 """What the gateway loads and routes when it starts: the versions the config's policy selects and those the
-persisted routing names, each warmed up; the persisted routing when its stable version is still there."""
+persisted routing names, each warmed up; the persisted routing when its stable version is still there. A version
+that fails to load or warm up is logged and stays a problem of the model (``Router.failures``)."""
 
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ async def start_models(manager: VersionContext) -> None:
         if record is not None and record.unloaded:  # stays unloaded, as Triton keeps a model it was told to unload
             await _route_unloaded(manager, name, record, set(entry.available))
             continue
-        # What the replicas keep loaded, when the record says; else what the version policy selects.
+        # What the version policy selects (as Triton would load), plus what the record says the replicas keep
+        # loaded: a version exported since, which the policy selects, loads on a restart as on a first start.
         recorded = set(record.loaded) & set(entry.available) if record is not None else set()
-        wanted = recorded or set(entry.selected)
+        wanted = recorded | set(entry.selected)
         if record is not None:
             named = (record.stable, record.previous, record.canary and record.canary.version,
                      record.shadow and record.shadow.version)

@@ -213,9 +213,7 @@ async def _check(manager: VersionContext, model: str, record: RoutingRecord, can
         await pull_back_canary(manager, model, broken, stable, trial)
         return
     if canary.promote_after_s is not None and _age_s(canary.since) >= canary.promote_after_s:
-        log.info("model '%s': canary version %d behaved for %gs: promoting it", model, canary.version,
-                 canary.promote_after_s)
-        await manager.activate(model, canary.version, actor=GATEWAY)
+        await manager.promote(model, canary)  # checks again, under the model's lock, that the canary is ready
 
 
 def _age_s(since: str) -> float:

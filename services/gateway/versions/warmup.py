@@ -60,6 +60,11 @@ def warmup_requests(model_dir: Path, version: int, config: mc.ModelConfig) -> li
             samples = read_samples(version_dir, manifest.sample_inputs)
         except (OSError, ValueError) as exc:
             raise WarmupError(f"cannot read the warm-up samples of {version_dir}: {exc}") from None
+        absent = [t.name for t in config.input if t.name not in samples]
+        if absent:
+            held = ", ".join(sorted(samples)) or "none"
+            raise WarmupError(f"the warm-up samples file {version_dir / manifest.sample_inputs} has no array for "
+                              f"input(s) {', '.join(absent)} of config.pbtxt (it holds: {held})")
         inputs = {t.name: np.ascontiguousarray(samples[t.name], dtype=input_dtype(t)) for t in config.input}
         return [Warmup(inputs, f"manifest samples ({rows_of(inputs, config)} rows)")]
     # Triton skips a sample of batch_size 0; with none left it runs no warm-up, and the gateway invents one.
