@@ -112,6 +112,44 @@ async def test_an_idle_stream_ends_with_deadline_exceeded_once_its_requests_are_
     assert len(got) == 3
 
 
+class AbortingCall(Call):
+    """As grpc.aio does: once the call is aborted, a read still waiting for the next request raises AbortError."""
+
+    def __init__(self) -> None:
+        self.aborted = asyncio.Event()
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.aborted.set()
+        await asyncio.sleep(0)  # the waiting read is failed before the abort reaches the caller
+        raise Aborted(code, details)
+
+
+class SenderOfAbortedCall(Sender):
+    def __init__(self, count: int, call: AbortingCall) -> None:
+        super().__init__(count)
+        self.call = call
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        for index in range(self.count):
+            yield request(index)
+        await self.call.aborted.wait()
+        raise grpc.aio.AbortError("Locally aborted.")
+
+
+async def test_an_idle_stream_that_ended_is_no_longer_counted_as_open(app_parts: tuple[Any, ScriptedBackend]) -> None:
+    dataplane, _ = app_parts
+    streams = StreamService(dataplane, max_inflight=4, idle_timeout_s=0.1)
+    registry = dataplane.metrics.registry
+
+    for _ in range(2):
+        call = AbortingCall()
+        with pytest.raises(Aborted):
+            await asyncio.wait_for(collect(streams.serve(SenderOfAbortedCall(2, call).__aiter__(), call,
+                                                         lambda name: None, (None, None, None)), []), 5)
+
+    assert registry.get_sample_value("switchyard_open_streams", {"protocol": "grpc"}) == 0
+
+
 async def test_shutdown_delivers_the_answers_in_flight_then_ends_the_stream_unavailable(
     app_parts: tuple[Any, ScriptedBackend],
 ) -> None:

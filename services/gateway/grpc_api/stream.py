@@ -205,13 +205,15 @@ class StreamService:
                     "the gateway is shutting down: the stream's requests in flight were answered; open a new stream",
                 )
         finally:
+            metrics.dec()  # first: nothing below may keep an ended stream counted as open
             self._open.discard(reader)
             reader.cancel()
             for task in list(serving):  # the client went away (or the call ended): its requests are not wanted
                 task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # A call this generator aborted (idle, shutdown) ends the reader's wait for the next request with grpc's
+            # AbortError rather than a cancellation: either way the stream is over.
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AbortError):
                 await reader
-            metrics.dec()
 
     async def _traced(
         self, tracing: Tracing, request: Any, context: grpc.aio.ServicerContext[Any, Any], header: Header,
