@@ -103,6 +103,7 @@ def test_base_install_has_no_build_time_package_when_installed_without_extras(ba
     installed = {entry["name"].lower() for entry in json.loads(listing.stdout)}
     assert installed & BUILD_TIME == set()
     assert {"switchyard", "onnxruntime", "tritonclient", "fastapi", "grpcio"} <= installed
+    assert installed & {"ml_dtypes", "ml-dtypes"}  # BF16 tensors; pip lists the name as the wheel spells it
 
 
 @pytest.mark.slow

@@ -50,7 +50,7 @@ def test_classify_orders_integers_at_their_range_limits(dtype: type[np.integer])
     assert _texts(ranked) == [[f"{value}:{index}" for value, index in expected]]
 
 
-@pytest.mark.parametrize("datatype", ["BYTES", "BOOL", "FP16"])
+@pytest.mark.parametrize("datatype", ["BYTES", "BOOL", "FP16", "BF16"])
 def test_classify_refuses_types_triton_does_not_rank_with_its_text(datatype: str) -> None:
     text = f"class result not available for output due to unsupported type '{datatype}'"
     with pytest.raises(InvalidInput, match=text):

@@ -5,10 +5,15 @@ BYTES tensors reach the runtimes as text: onnxruntime's string tensors and Torch
 ``runtime_inputs`` decodes them before a request is queued (an element that is not UTF-8 is that request's 400, not
 its batch's failure) and the runners encode string outputs back to the gateway's ``bytes``. onnxruntime takes
 object arrays of ``str`` of any shape; TorchScript takes a ``List[str]``, hence only 1-D BYTES tensors, as with
-Triton's PyTorch backend."""
+Triton's PyTorch backend.
+
+BF16 tensors are ml_dtypes' bfloat16 arrays in the gateway, a type neither runtime's numpy bridge knows: onnxruntime
+takes and gives them as ``OrtValue``s of their bit patterns (only for models that have them: the others keep the
+plain ``session.run``), TorchScript as int16 tensors viewed as ``torch.bfloat16``."""
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,8 +27,16 @@ from services.gateway.backends.data_dependence import onnx_data_dependent_ops, t
 from services.gateway.backends.devices import CPU, CPU_PROVIDER, FALLBACK_SETTING, Device, NoUsableGpu, onnx_providers
 from services.gateway.errors import InvalidInput
 from services.gateway.tensors.bytes_codec import BYTES, decoded, encoded, is_bytes
+from services.gateway.tensors.datatypes import BF16_DTYPE
 from services.gateway.tensors.types import Array, InferInput
 from services.modelrepo import layout
+
+_ORT_BFLOAT16 = "tensor(bfloat16)"
+_ORT_STRING = "tensor(string)"
+_ONNX_BFLOAT16 = 16
+"""``onnx.TensorProto.BFLOAT16``, which ``OrtValue`` creation takes (onnx itself is not in a base install)."""
+_NOT_FROM_NUMPY = "OV"
+"""The kinds ``torch.from_numpy`` cannot take: BYTES' objects, bfloat16's (``BF16_DTYPE``)."""
 
 
 class Runner(Protocol):
@@ -139,10 +152,50 @@ class OnnxRunner:
             )
         self._outputs = output_names
         self.data_dependent = frozenset(onnx_data_dependent_ops(path))
+        inputs, outputs = self._session.get_inputs(), self._session.get_outputs()
+        self._bfloat16_inputs = frozenset(v.name for v in inputs if v.type == _ORT_BFLOAT16)
+        if self._bfloat16_inputs or any(v.type == _ORT_BFLOAT16 for v in outputs):
+            strings = [v.name for v in (*inputs, *outputs) if v.type == _ORT_STRING]
+            if strings:
+                raise UnsupportedModel(
+                    f"{path.name} has bfloat16 tensors, which onnxruntime's Python API passes only as OrtValues, and "
+                    f"string tensors ({', '.join(strings)}), which it cannot pass that way: the embedded backend "
+                    "cannot run it; serve it with --backend triton"
+                )
+            # Chosen once here: models without bfloat16 keep the plain call, with no test per batch.
+            self.run = self._run_bound  # type: ignore[method-assign]
 
     def run(self, inputs: dict[str, Array]) -> dict[str, Array]:
         results = self._session.run(self._outputs, inputs)
         return {name: encoded(r, name) if is_bytes(r) else r for name, r in zip(self._outputs, results, strict=True)}
+
+    def _run_bound(self, inputs: dict[str, Array]) -> dict[str, Array]:
+        """``run`` for a model with bfloat16 tensors: ``session.run`` converts through numpy types, which have no
+        bfloat16, so the tensors go through an I/O binding, bfloat16 ones as ``OrtValue``s of their bit patterns."""
+        binding = self._session.io_binding()
+        borrowed = []  # an OrtValue borrows its array's memory: these live until the run is over
+        for name, array in inputs.items():
+            if name in self._bfloat16_inputs:
+                bits = np.ascontiguousarray(array).view(np.uint16)
+                borrowed.append(bits)
+                binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, _ONNX_BFLOAT16))
+            else:
+                binding.bind_cpu_input(name, array)
+        for name in self._outputs:
+            binding.bind_output(name, "cpu")  # on the host whatever the provider: that is where the codecs read them
+        self._session.run_with_iobinding(binding)
+        values = binding.get_outputs()
+        return {name: _host_array(value) for name, value in zip(self._outputs, values, strict=True)}
+
+
+def _host_array(value: Any) -> Array:
+    """An output ``OrtValue`` on the host as an array; ``OrtValue.numpy()`` has no type for bfloat16: its bytes are
+    copied out instead."""
+    if value.data_type() != _ORT_BFLOAT16:
+        return value.numpy()  # type: ignore[no-any-return]
+    array = np.empty(value.shape(), dtype=BF16_DTYPE)
+    ctypes.memmove(array.ctypes.data, value.data_ptr(), value.tensor_size_in_bytes())
+    return array
 
 
 class TorchScriptRunner:
@@ -201,9 +254,13 @@ def runtime_inputs(config: model_config_pb2.ModelConfig, model: str, inputs: lis
 
 
 def _torch_value(torch: Any, array: Array, device: str) -> Any:
-    if is_bytes(array):  # decoded by runtime_inputs: a 1-D array of str
-        return array.tolist()
-    tensor = torch.from_numpy(array if array.flags.writeable else np.array(array))
+    if array.dtype.kind in _NOT_FROM_NUMPY:
+        if is_bytes(array):  # decoded by runtime_inputs: a 1-D array of str
+            return array.tolist()
+        bits = array.view(np.int16)  # bfloat16: torch takes its bit patterns as int16, then views them as its own
+        tensor = torch.from_numpy(bits if bits.flags.writeable else np.array(bits)).view(torch.bfloat16)
+    else:
+        tensor = torch.from_numpy(array if array.flags.writeable else np.array(array))
     # The batch was assembled on the host once; one copy takes it to the device (pinned: the copy runs without the
     # pageable staging buffer).
     return tensor if device == "cpu" else tensor.pin_memory().to(device, non_blocking=True)
@@ -215,7 +272,13 @@ def _is_strings(value: Any) -> bool:
 
 def _numpy_value(torch: Any, name: str, value: Any) -> Array:
     if isinstance(value, torch.Tensor):
-        return value.cpu().numpy()  # type: ignore[no-any-return]  # one copy back from a device; none on the CPU
+        host = value.cpu()  # one copy back from a device; none on the CPU
+        try:
+            return host.numpy()  # type: ignore[no-any-return]
+        except TypeError:  # numpy has no bfloat16 for torch to give: its bit patterns, viewed as ml_dtypes' type
+            if host.dtype != torch.bfloat16:
+                raise
+            return host.view(torch.int16).numpy().view(BF16_DTYPE)  # type: ignore[no-any-return]
     if _is_strings(value):  # a List[str] output
         return encoded(np.array(value, dtype=object).reshape(len(value)), name)
     raise RuntimeError(f"TorchScript module returned {type(value).__name__} for output '{name}'")

@@ -20,7 +20,7 @@ import orjson
 
 from services.gateway.errors import InvalidInput
 from services.gateway.tensors.bytes_codec import OBJECT, from_strings, text
-from services.gateway.tensors.datatypes import check_range, narrow, shaped
+from services.gateway.tensors.datatypes import BF16_DTYPE, check_range, narrow, shaped
 from services.gateway.tensors.types import Array
 
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -37,6 +37,8 @@ PACKED_MAX = 4096
 """Most values packed with ``struct`` (an argument each); longer data goes through numpy."""
 _PACKERS: dict[int, struct.Struct] = {}
 _FLOAT_WORDS = 'numbers (or "NaN", "Infinity", "-Infinity")'
+_FLOAT_KINDS = "fV"
+"""The floats' kind and bfloat16's (``BF16_DTYPE``; no other dtype of kind V reaches the codecs): one test for both."""
 
 
 def from_json(data: object, shape: tuple[int, ...], dtype: np.dtype[Any], datatype: str, tensor: str) -> Array:
@@ -58,25 +60,27 @@ _NATIVE = frozenset(
 
 
 def native_json(array: Array) -> Array | None:
-    """The array flat, as orjson writes it natively (C speed), when its type allows: numbers (not float16) and
-    booleans; ``None`` for the rest (``to_json``). Non-finite floats come out as ``null`` that way: the caller
-    checks the encoded answer for ``null`` and writes float outputs again with ``to_json`` when it finds one, which
-    is cheaper than looking for non-finite values in every output of every answer."""
+    """The array flat, as orjson writes it natively (C speed), when its type allows: numbers (not float16 or
+    bfloat16) and booleans; ``None`` for the rest (``to_json``). Non-finite floats come out as ``null`` that way: the
+    caller checks the encoded answer for ``null`` and writes float outputs again with ``to_json`` when it finds one,
+    which is cheaper than looking for non-finite values in every output of every answer."""
     if array.dtype in _NATIVE:
         return array.ravel()  # a view when the array is C-contiguous (a row of a batch's output is)
     return None
 
 
 def to_json(array: Array) -> Array | list[Any]:
-    """orjson writes C-contiguous numeric arrays natively (fast); it does not know float16, and writes non-finite
-    floats as null, so those go through lists. BYTES become strings: the caller sends those that are not UTF-8 as
-    binary data instead (``bytes_tensors.text`` says which)."""
+    """orjson writes C-contiguous numeric arrays natively (fast); it does not know float16 or bfloat16 (written as
+    the float32 numbers they are), and writes non-finite floats as null, so those go through lists. BYTES become
+    strings: the caller sends those that are not UTF-8 as binary data instead (``bytes_tensors.text`` says which)."""
     if array.dtype == OBJECT:
         strings = text(array)
         if strings is None:
             raise ValueError("BYTES that are not UTF-8 have no JSON form")
         return strings
     flat = array.ravel()  # a view when the array is C-contiguous (a row of a batch's output is)
+    if flat.dtype == BF16_DTYPE:  # orjson does not know it; float32 holds every bfloat16 value exactly
+        flat = flat.astype(np.float32)
     kind = flat.dtype.kind
     if kind == "f" and np.count_nonzero(np.isfinite(flat)) != flat.size:
         values: list[Any] = flat.tolist()
@@ -120,7 +124,7 @@ def _converted(values: list[Any], kinds: set[type], dtype: np.dtype[Any], dataty
     if dtype == OBJECT:  # BYTES: strings only (Triton reads nothing else); bytes that are not text go binary
         _check_kinds(values, kinds, _STRINGS, "strings", datatype, tensor)
         return from_strings(values)
-    if dtype.kind == "f":
+    if dtype.kind in _FLOAT_KINDS:
         if not kinds <= _NUMBERS:
             values = [NON_FINITE.get(v, v) if type(v) is str else v for v in values]
             _check_kinds(values, set(map(type, values)), _NUMBERS, _FLOAT_WORDS, datatype, tensor)

@@ -29,6 +29,8 @@ MAX_ELEMENT_BYTES = 2**32 - 1
 """The most a 4-byte length prefix can say."""
 _LENGTH = struct.Struct("<I")
 _PREFIX = _LENGTH.size
+_NO_BUFFER_FORMAT = "OV"
+"""The kinds a memoryview cannot take as they are: BYTES' objects, and bfloat16's (``datatypes.BF16_DTYPE``)."""
 
 Array = npt.NDArray[Any]
 
@@ -167,8 +169,11 @@ def _reshaped(data: Array, shape: tuple[int, ...], what: str) -> Array:
 
 def as_bytes(array: Array) -> memoryview:
     """The array's bytes without a copy when it is already C-contiguous; a BYTES array's serialized form."""
-    if is_bytes(array):
-        return memoryview(serialize(array))
+    if array.dtype.kind in _NO_BUFFER_FORMAT:
+        if is_bytes(array):
+            return memoryview(serialize(array))
+        # bfloat16: numpy's buffer protocol has no format code for it, its bit patterns as uint16 are the same bytes
+        return np.ascontiguousarray(array).view(np.uint16).data.cast("B")
     return np.ascontiguousarray(array).data.cast("B")
 
 

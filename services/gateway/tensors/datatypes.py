@@ -6,12 +6,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
 from services.gateway.errors import InvalidInput, shown
 from services.gateway.tensors.types import Array
 
+BF16_DTYPE: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+"""numpy has no bfloat16; ml_dtypes' (tritonclient's choice too) is 2 bytes a value, the bit pattern Triton sends.
+Its ``kind`` is ``"V"``, not ``"f"``: the codecs that branch on kinds name it where it differs from the floats."""
 _NUMPY: dict[str, np.dtype[Any]] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype(np.uint8),
@@ -23,6 +27,7 @@ _NUMPY: dict[str, np.dtype[Any]] = {
     "INT32": np.dtype(np.int32),
     "INT64": np.dtype(np.int64),
     "FP16": np.dtype(np.float16),
+    "BF16": BF16_DTYPE,
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
     "BYTES": np.dtype(np.object_),
@@ -32,7 +37,11 @@ MAX_RANK = 32
 """numpy 1.26's limit (2.x allows 64); it also keeps the shapes quoted in error messages short."""
 MAX_DIM = 2**63 - 1
 """Triton's dims are int64."""
-_FLOAT_LIMITS = {dtype: float(np.finfo(dtype).max) for dtype in _NUMPY.values() if dtype.kind == "f"}
+_FLOAT_LIMITS = {
+    **{dtype: float(np.finfo(dtype).max) for dtype in _NUMPY.values() if dtype.kind == "f"},
+    # np.finfo does not know bfloat16: float32's exponent range with 7 mantissa bits, (2 - 2**-7) * 2**127
+    BF16_DTYPE: (2 - 2**-7) * 2.0**127,
+}
 
 
 def numpy_dtype(datatype: str, tensor: str) -> np.dtype[Any]:
@@ -77,8 +86,8 @@ def narrow(wide: Array, dtype: np.dtype[Any], datatype: str, tensor: str) -> Arr
     floats past the range into inf. Non-finite floats pass: the client asked for them by name, or sent them raw."""
     if wide.dtype == dtype or wide.size == 0:
         return wide.astype(dtype, copy=False)
-    if dtype.kind == "f":
-        limit = _FLOAT_LIMITS[dtype]
+    limit = _FLOAT_LIMITS.get(dtype)  # the floats, BF16 included
+    if limit is not None:
         if np.count_nonzero(np.abs(wide) > limit):  # count_nonzero: cheaper than a ufunc reduction on small arrays
             over = np.isfinite(wide) & (np.abs(wide) > limit)  # past the range, unless +-inf on purpose
             if over.any():

@@ -56,7 +56,7 @@ class TensorRegions:
                 f"shared_memory_byte_size is {target.byte_size}"
             )
         data = np.empty(count, dtype=dtype)
-        target.region.read_into(target.offset, data.data.cast("B"))
+        target.region.read_into(target.offset, data.view(np.uint8).data)  # uint8: a buffer of any type, BF16 too
         data.flags.writeable = False  # an input, like one read from a request body
         return InferInput(tensor, datatype, shape, shaped(data, shape, tensor), region=target)
 
@@ -144,7 +144,7 @@ def written_by_server(target: RegionSlice, name: str, datatype: str, shape: Sequ
         if size > target.byte_size:
             raise InvalidInput(f"output '{name}' of {size} bytes does not fit its {target.byte_size} bytes")
         values = np.empty(count, dtype=dtype)
-        region.read_into(target.offset, values.data.cast("B"))
+        region.read_into(target.offset, values.view(np.uint8).data)  # BF16 has no buffer format of its own
         data = values.reshape(shape)
     return InferOutput(name, datatype, data, region=RegionSlice(region, target.offset, size))
 
