@@ -134,6 +134,7 @@ def inference_log(
     return InferenceLog(
         sink, sample=settings.inference_log_sample, policy=policy, queue_size=settings.inference_log_queue,
         max_record_bytes=settings.inference_log_max_record_bytes, registry=metrics.registry,
+        default_priority=settings.default_priority,
     )
 
 
@@ -274,7 +275,7 @@ def create_app(
     else:
         app.lane = TracedInferLane(dataplane, max_body_bytes=settings.max_body_bytes, tracing=tracing)
     add_routes(app, Endpoints(dataplane), app.lane)
-    app.router.routes.extend(generate_routes(dataplane, max_body_bytes=settings.max_body_bytes))
+    app.router.routes.extend(generate_routes(dataplane, max_body_bytes=settings.max_body_bytes, tracing=tracing))
     add_admin_routes(app, AdminEndpoints(manager, admin_auth, settings, tuner=tuner))
     add_console_routes(app, Console(manager, admin_auth, live))
     add_repository_routes(app, RepositoryEndpoints(repository_api, max_body_bytes=settings.max_body_bytes))

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from services.inferlog.format import RecordError, inputs_of, outputs_of
+from services.inferlog.format import RecordError, inputs_of, output_parameters_of, outputs_of, parameters_of
 
 __all__ = ["NOT_RESENDABLE", "Answer", "OutputFigures", "ReplayReport", "render_report", "resendable"]
 
@@ -176,6 +176,11 @@ def resendable(record: dict[str, Any]) -> str | None:
     except RecordError as exc:
         text = str(exc)
         return f"{NOT_RESENDABLE}: inputs {'redacted' if 'redacted' in text else 'truncated'}"
+    try:
+        parameters_of(record)
+        output_parameters_of(record)
+    except RecordError:
+        return "request parameters not readable"
     return None
 
 

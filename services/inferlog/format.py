@@ -7,8 +7,14 @@ check read them back. A record is one request and its answer (or its failure)::
      "model": "mlp", "version": 2, "route": "stable", "protocol": "http",
      "latency_ms": 1.84, "status": 200, "error": null, "truncated": false, "redacted": [],
      "request": {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [0.1, 0.2, 0.3, 0.4]}],
-                 "outputs": null},
-     "response": {"outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 2], "data": [0.7, 0.3]}]}}
+                 "outputs": ["OUTPUT0"], "parameters": {"timeout": 50000},
+                 "output_parameters": {"OUTPUT0": {"classification": 2}}},
+     "response": {"outputs": [{"name": "OUTPUT0", "datatype": "BYTES", "shape": [1, 2], "data": ["0.7:0", "0.3:1"]}]}}
+
+``request.parameters`` (the v2 request parameters that change the answer or its status: ``timeout`` in microseconds,
+``priority`` when not the gateway's default, the custom ones) and ``request.output_parameters`` (per requested
+output, e.g. ``classification``) are there only when the request asked for them; a record without them (written
+before they existed, too) asked for none, and a replay sends the request back with exactly these.
 
 A tensor's ``data`` is its values flattened in row-major order, as KServe v2 JSON writes them, with two exceptions
 JSON forces: a float that is not finite is the string ``"nan"``, ``"inf"`` or ``"-inf"``, and a BYTES tensor with an
@@ -138,6 +144,25 @@ def inputs_of(record: Mapping[str, Any]) -> list[tuple[str, str, npt.NDArray[Any
     """The logged request's inputs as ``(name, datatype, values)``; ``RecordError`` when one has no values."""
     tensors: Sequence[Mapping[str, Any]] = record["request"].get("inputs", [])
     return [(tensor["name"], tensor["datatype"], decode_tensor(tensor)) for tensor in tensors]
+
+
+def parameters_of(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The logged request's v2 request parameters (empty when it named none); ``RecordError`` when malformed."""
+    parameters = record["request"].get("parameters") or {}
+    scalars = isinstance(parameters, dict) and all(isinstance(v, bool | int | float | str) for v in parameters.values())
+    if not scalars:
+        raise RecordError(f"record {record.get('id', '?')!r}: 'request.parameters' must map names to scalars")
+    return parameters
+
+
+def output_parameters_of(record: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The parameters of each requested output that asked for any, by output name; ``RecordError`` when malformed."""
+    given = record["request"].get("output_parameters") or {}
+    if not isinstance(given, dict) or not all(isinstance(value, dict) for value in given.values()):
+        raise RecordError(
+            f"record {record.get('id', '?')!r}: 'request.output_parameters' must map output names to objects"
+        )
+    return given
 
 
 def outputs_of(record: Mapping[str, Any]) -> dict[str, npt.NDArray[Any]]:

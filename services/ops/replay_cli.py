@@ -141,19 +141,9 @@ def _run(
 
 def _send(http: httpx.Client, target: Target, record: dict[str, Any]) -> Answer:
     """One logged request, pinned to the version; a 429 or 503 is sent again after its Retry-After (bounded)."""
-    import tritonclient.http as triton
-
     from services.inferlog.compare import Answer
-    from services.inferlog.format import inputs_of
 
-    inputs = []
-    for name, datatype, array in inputs_of(record):
-        tensor = triton.InferInput(name, list(array.shape), datatype)
-        tensor.set_data_from_numpy(array, binary_data=True)
-        inputs.append(tensor)
-    names = record["request"].get("outputs")
-    outputs = [triton.InferRequestedOutput(name, binary_data=True) for name in names] if names else None
-    body, json_size = triton.InferenceServerClient.generate_request_body(inputs, outputs, request_id=str(record["id"]))
+    body, json_size = _request_body(record)
     headers = {**target.headers, "Content-Type": "application/octet-stream"}
     if json_size is not None:
         headers["Inference-Header-Content-Length"] = str(json_size)
@@ -169,6 +159,39 @@ def _send(http: httpx.Client, target: Target, record: dict[str, Any]) -> Answer:
     if response.status_code != 200:
         return Answer(response.status_code, {}, latency_ms, _error_text(response))
     return Answer(200, _outputs(response), latency_ms)
+
+
+def _request_body(record: dict[str, Any]) -> tuple[bytes, int | None]:
+    """The logged request as v2 binary framing (the body, the JSON header's length): its inputs, the outputs it named
+    and, as it sent them, its request parameters and each output's parameters (a class count answers other tensors
+    than the raw output; a timeout or a parameter the model refuses another status). tritonclient frames the tensors;
+    the parameters go into its JSON header as logged, since it refuses some names (``sequence_id``, ``triton_...``)
+    as custom parameters that a request may still have carried."""
+    import json
+
+    import tritonclient.http as triton
+
+    from services.inferlog.format import inputs_of, output_parameters_of, parameters_of
+
+    inputs = []
+    for name, datatype, array in inputs_of(record):
+        tensor = triton.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array, binary_data=True)
+        inputs.append(tensor)
+    names = record["request"].get("outputs")
+    outputs = [triton.InferRequestedOutput(name, binary_data=True) for name in names] if names else None
+    body, json_size = triton.InferenceServerClient.generate_request_body(inputs, outputs, request_id=str(record["id"]))
+    parameters, asked = parameters_of(record), output_parameters_of(record)
+    if not parameters and not asked:  # a plain request, and every record older gateways wrote
+        return body, json_size
+    end = len(body) if json_size is None else json_size
+    head = json.loads(body[:end])
+    if parameters:
+        head["parameters"] = {**head.get("parameters", {}), **parameters}
+    for output in head.get("outputs", []):
+        output["parameters"] = {**output.get("parameters", {}), **asked.get(output["name"], {})}
+    encoded = json.dumps(head).encode()
+    return encoded + body[end:], None if json_size is None else len(encoded)
 
 
 def _outputs(response: httpx.Response) -> dict[str, Any]:

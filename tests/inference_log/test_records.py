@@ -13,7 +13,16 @@ import pytest
 from services.gateway.inference_log.records import Exchange, LogPolicy, build_record
 from services.gateway.tensors.shared_memory import RegionSlice
 from services.gateway.tensors.types import InferInput, InferOutput, InferRequest, InferResponse
-from services.inferlog.format import RecordError, check_record, decode_tensor, inputs_of, outputs_of, tensor_bytes
+from services.inferlog.format import (
+    RecordError,
+    check_record,
+    decode_tensor,
+    inputs_of,
+    output_parameters_of,
+    outputs_of,
+    parameters_of,
+    tensor_bytes,
+)
 
 NUMERIC = {
     "BOOL": np.array([[True, False, True]]),
@@ -172,3 +181,27 @@ def test_a_policy_refuses_a_rate_or_redaction_it_cannot_apply() -> None:
         LogPolicy(sample=1.5)
     with pytest.raises(ValueError, match="'drop', 'hash'"):
         LogPolicy(redact={"IN": "blur"})  # type: ignore[dict-item]
+
+
+def test_record_keeps_parameters_and_class_counts_asked_when_request_named_them() -> None:
+    """What changes the answer or its status travels with the inputs, in the v2 form a replay sends back; a plain
+    request (and a record older gateways wrote) has none of it."""
+    request = InferRequest(
+        model="mlp", version=2, inputs=[], outputs=("logits", "probabilities"), timeout_s=0.05, priority=1,
+        parameters={"temperature": 0.5}, classification={"logits": 2},
+    )
+    asked = _through_json(build_record(_exchange([], None, request=request), redact={}, max_bytes=4096,
+                                       default_priority=2))
+    assert asked["request"]["parameters"] == {"temperature": 0.5, "timeout": 50_000, "priority": 1}
+    assert asked["request"]["output_parameters"] == {"logits": {"classification": 2}}
+    assert (parameters_of(asked), output_parameters_of(asked)) == (
+        {"temperature": 0.5, "timeout": 50_000, "priority": 1}, {"logits": {"classification": 2}}
+    )
+    request.priority, request.timeout_s, request.parameters, request.classification = 2, None, {}, {}
+    plain = _through_json(build_record(_exchange([], None, request=request), redact={}, max_bytes=4096,
+                                       default_priority=2))
+    assert "parameters" not in plain["request"]
+    assert "output_parameters" not in plain["request"]
+    assert (parameters_of(plain), output_parameters_of(plain)) == ({}, {})
+    with pytest.raises(RecordError, match="request.parameters"):
+        parameters_of({"id": "x", "request": {"parameters": {"nested": {"no": 1}}}})

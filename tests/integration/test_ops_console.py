@@ -268,7 +268,8 @@ def test_console_shows_the_api_error_verbatim_when_an_action_fails(
         ))
         console.close_dialog()
         state = console.model("mlp").locator('tr[data-version="1"] [data-field="state"]')
-        expect(state).to_contain_text("UNAVAILABLE — loading failed: [ONNXRuntimeError]")  # the backend's problem
+        # The failed load left nothing loaded; why it failed stays on the version's row (the backend's words)
+        expect(state).to_contain_text("on disk, not loaded — loading failed: [ONNXRuntimeError]")
     finally:
         model_file.write_bytes(original)
 

@@ -292,6 +292,79 @@ def test_replay_of_the_log_passes_on_the_version_that_answered_and_refuses_the_o
     assert accepted.exit_code == 0, accepted.output
 
 
+@pytest.mark.slow
+def test_generate_routes_with_a_sampled_parent_are_traced_and_answer_their_traceparent_but_are_not_logged(
+    gateway: RunningGateway, receiver: OtlpReceiver, log_folder: Path
+) -> None:
+    url = f"http://{gateway.http_url}/v2/models/mlp"
+    body = {"features": features().ravel().tolist()}
+    traces = {"generate": "c1" * 16, "generate_stream": "c2" * 16}
+    answers = {
+        route: httpx.post(f"{url}/{route}", json=body, headers={"traceparent": traceparent(trace_id)})
+        for route, trace_id in traces.items()
+    }
+    for route, trace_id in traces.items():
+        answer = answers[route]
+        assert answer.status_code == 200, answer.text
+        _, trace, span_id, _ = answer.headers["traceparent"].split("-")
+        assert trace == trace_id
+        assert sampled(answer.headers["traceparent"])
+        name = f"POST /v2/models/{{model_name}}/{route}"
+        spans = trace_of(receiver, trace_id, {name, "execute"})
+        server = spans[name]
+        assert (server.span_id, server.parent_span_id, server.kind) == (span_id, "00f067aa0ba902b7", SERVER)
+        assert server.attributes["switchyard.model"] == "mlp"
+        assert server.attributes["switchyard.outcome"] == "ok"
+        assert spans["execute"].parent_span_id == server.span_id
+    assert answers["generate_stream"].text.startswith("data: ")
+    # Not logged: a marker /infer request after them is, and once it is there they would have been too.
+    marker = "c3" * 16
+    infer = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": body["features"]}]}
+    httpx.post(f"{url}/infer", json=infer, headers={"traceparent": traceparent(marker)}).raise_for_status()
+    records = _wait_for_trace_records(log_folder, {marker})
+    assert not {record["trace_id"] for record in records} & set(traces.values())
+
+
+@pytest.mark.slow
+def test_replay_of_a_classification_and_of_requests_refused_for_their_parameters_matches_on_their_version(
+    gateway: RunningGateway, log_folder: Path, tmp_path: Path
+) -> None:
+    """Records keep the class count and the request parameters: replayed on the version that answered them (with
+    ``switchyard replay`` and an activation's check) they answer alike, the 504 and the 400 included."""
+    url = f"http://{gateway.http_url}"
+    data = features().ravel().tolist()
+    inputs = [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": data}]
+    asked = {
+        "d1" * 16: ({"inputs": inputs, "outputs": [{"name": "logits", "parameters": {"classification": 2}}]}, 200),
+        "d2" * 16: ({"inputs": inputs, "parameters": {"timeout": 1}}, 504),
+        "d3" * 16: ({"inputs": inputs, "parameters": {"temperature": 0.5}}, 400),
+    }
+    for trace_id, (body, status) in asked.items():
+        answer = httpx.post(f"{url}/v2/models/mlp/versions/2/infer", json=body,
+                            headers={"traceparent": traceparent(trace_id, sampled=False)})
+        assert answer.status_code == status, answer.text
+    records = _wait_for_trace_records(log_folder, set(asked))
+    recorded = tmp_path / "asked-of-2"
+    recorded.mkdir()
+    (recorded / "inference-20261206T000000000000.jsonl").write_text(
+        "\n".join(json.dumps(record) for record in records if record["trace_id"] in asked) + "\n"
+    )
+    replay = CliRunner().invoke(switchyard, ["replay", str(recorded), "--url", url, "--model", "mlp", "--version", "2",
+                                             "--json"])
+    assert replay.exit_code == 0, replay.output
+    report = json.loads(replay.output)
+    assert (report["compared"], report["status_only"], report["status_mismatches"]) == (1, 2, 0)
+
+    admin = ["--url", url, "--token", TOKEN]
+    assert CliRunner().invoke(switchyard, ["models", "activate", "mlp", "1", *admin]).exit_code == 0
+    checked = CliRunner().invoke(
+        switchyard, ["models", "activate", "mlp", "2", *admin, "--verify-replay", str(recorded)]
+    )
+    assert checked.exit_code == 0, checked.output
+    model = httpx.get(f"{url}/admin/models/mlp", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    assert (model["last_replay"]["compared"], model["last_replay"]["status_only"]) == (1, 2)
+
+
 def _records(folder: Path) -> list[dict[str, object]]:
     lines = [line for path in sorted(folder.glob("inference-*.jsonl")) for line in path.read_text().splitlines()]
     return [json.loads(line) for line in lines if line]
@@ -304,5 +377,18 @@ def _wait_for_records(folder: Path, count: int) -> list[dict[str, object]]:
     while True:
         records = _records(folder)
         if len(records) >= count or time.monotonic() > deadline:
+            return records
+        time.sleep(0.05)
+
+
+
+def _wait_for_trace_records(folder: Path, trace_ids: set[str]) -> list[dict[str, object]]:
+    """The log's records once one of each trace id in ``trace_ids`` is there."""
+    import time
+
+    deadline = time.monotonic() + 20
+    while True:
+        records = _records(folder)
+        if trace_ids <= {record["trace_id"] for record in records} or time.monotonic() > deadline:
             return records
         time.sleep(0.05)

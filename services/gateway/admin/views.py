@@ -41,6 +41,7 @@ def model_status(manager: VersionManager, model: str) -> dict[str, Any]:
         "unreleased": [v for v in entry.available if v not in entry.released],
         "selected_by_policy": list(entry.selected),
         "problem": _problem(manager, model),
+        "failed": {str(version): why for version, why in manager.router.failures(model).items()},
         "action": running.to_json() if running is not None else None,
         "last_action": last.to_json() if last is not None else None,
         "last_replay": manager.last_replay.get(model),

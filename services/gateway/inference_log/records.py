@@ -63,9 +63,12 @@ class LogPolicy:
             raise ValueError(f"inference-log redaction {wrong} is not one of 'drop', 'hash' per input name")
 
 
-def build_record(exchange: Exchange, *, redact: Mapping[str, Redaction], max_bytes: int) -> dict[str, Any]:
+def build_record(
+    exchange: Exchange, *, redact: Mapping[str, Redaction], max_bytes: int, default_priority: int | None = None
+) -> dict[str, Any]:
     """The exchange's record, redacted, its tensors' values dropped (largest first) until its JSON is at most
-    ``max_bytes`` long; ids, status and shapes are always kept, so an oversized record is marked, never lost."""
+    ``max_bytes`` long; ids, status and shapes are always kept, so an oversized record is marked, never lost.
+    ``default_priority``: the rank the gateway gives a request that names none (left out of the record)."""
     inputs, redacted = _request_inputs(exchange.request, redact)
     response = exchange.response
     record: dict[str, Any] = {
@@ -85,6 +88,7 @@ def build_record(exchange: Exchange, *, redact: Mapping[str, Redaction], max_byt
         "request": {
             "inputs": inputs,
             "outputs": list(exchange.request.outputs) if exchange.request.outputs is not None else None,
+            **_asked(exchange.request, default_priority),
         },
         "response": None if response is None else {
             "outputs": [encode_tensor(output.name, output.datatype, output.data) for output in response.outputs],
@@ -107,6 +111,25 @@ def _request_inputs(request: InferRequest, redact: Mapping[str, Redaction]) -> t
         else:
             encoded.append(encode_tensor(tensor.name, tensor.datatype, tensor.data))
     return encoded, dropped
+
+
+def _asked(request: InferRequest, default_priority: int | None) -> dict[str, Any]:
+    """What the request asked beyond its inputs and output names that changes its answer or its status, in the v2
+    form a replay sends back (``format.parameters_of``, ``format.output_parameters_of``); only what it asked.
+
+    ``timeout`` is the v2 parameter as sent (microseconds), ``priority`` the rank the gateway applied when it is not
+    the default. ``binary_data`` is not kept: it changes how values travel, never which."""
+    asked: dict[str, Any] = {}
+    parameters = dict(request.parameters)
+    if request.timeout_s is not None:
+        parameters["timeout"] = round(request.timeout_s * 1e6)  # the decoders divided the integer by 1e6
+    if request.priority and request.priority != default_priority:
+        parameters["priority"] = request.priority
+    if parameters:
+        asked["parameters"] = parameters
+    if request.classification:
+        asked["output_parameters"] = {name: {"classification": count} for name, count in request.classification.items()}
+    return asked
 
 
 def _utc_text(timestamp: float) -> str:

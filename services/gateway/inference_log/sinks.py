@@ -211,11 +211,18 @@ def response_event_headers(record: Mapping[str, Any]) -> dict[str, str]:
 
 
 def request_event_body(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The request as v2 JSON: its inputs, and the outputs it asked for when it named them."""
+    """The request as v2 JSON: its inputs, the outputs it asked for when it named them (with their parameters) and
+    its request parameters when it had any."""
     request = record["request"]
     body: dict[str, Any] = {"inputs": request["inputs"]}
     if request.get("outputs") is not None:
-        body["outputs"] = [{"name": name} for name in request["outputs"]]
+        asked = request.get("output_parameters") or {}
+        body["outputs"] = [
+            {"name": name, "parameters": asked[name]} if name in asked else {"name": name}
+            for name in request["outputs"]
+        ]
+    if request.get("parameters"):
+        body["parameters"] = request["parameters"]
     return body
 
 

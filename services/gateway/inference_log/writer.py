@@ -87,9 +87,11 @@ class InferenceLog:
         queue_size: int,
         max_record_bytes: int,
         registry: CollectorRegistry | None = None,
+        default_priority: int | None = None,
     ) -> None:
         """``policy`` gives a model's own settings (or ``None``); it is called on the request path by ``wants`` and
-        on the writer's thread, so it must be a cheap, thread-safe lookup."""
+        on the writer's thread, so it must be a cheap, thread-safe lookup. ``default_priority``: the rank of a request
+        that names none, which its record leaves out."""
         _check_rate(sample, "the inference log's sample rate")
         if queue_size < 1 or max_record_bytes < 1:
             raise ValueError(f"the inference log needs queue_size >= 1 and max_record_bytes >= 1, "
@@ -97,6 +99,7 @@ class InferenceLog:
         self.sink = sink
         self.sample = sample
         self.max_record_bytes = max_record_bytes
+        self._default_priority = default_priority
         self._policy = policy
         self._queue: queue.Queue[Exchange | _Stop] = queue.Queue(maxsize=queue_size)
         self.metrics = InferenceLogMetrics(registry if registry is not None else REGISTRY)
@@ -192,7 +195,9 @@ class InferenceLog:
         try:
             policy = self._policy(exchange.request.model)
             redact = policy.redact if policy is not None else NO_REDACTION
-            return build_record(exchange, redact=redact, max_bytes=self.max_record_bytes)
+            return build_record(
+                exchange, redact=redact, max_bytes=self.max_record_bytes, default_priority=self._default_priority
+            )
         except Exception as error:  # one exchange that cannot be encoded must not cost the rest of the batch
             self.metrics.dropped.labels("encode_error").inc()
             self._encode_failures.failed(1, error)

@@ -5,7 +5,10 @@ A request takes the admission step ``/infer`` takes (``Shaper.admit`` / ``Shaper
 same errors: docs/architecture.md, "Admission"); ``generate_codec`` maps its JSON to the model's inputs with the
 metadata of the version it is routed to. Until a stream's first response, a failure is the ordinary v2 error answer
 with its status; after it, as in Triton, an event ``data: {"error": "..."}`` and the end of the stream (the status,
-200, is sent). A client that goes away ends the stream: the data plane's stream is closed, and with it its lease."""
+200, is sent). A client that goes away ends the stream: the data plane's stream is closed, and with it its lease.
+
+With tracing on, each request has a server span (``TracedGenerateEndpoint``) and its answer the span's
+``traceparent``; the inference log leaves these routes out (docs/observability.md, "The inference log")."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from services.gateway.dataplane import DataPlane
 from services.gateway.errors import GatewayError, InvalidInput, unexpected
@@ -27,9 +30,11 @@ from services.gateway.rest.generate_codec import decode_generate, encode_generat
 from services.gateway.rest.responses import gateway_error_response
 from services.gateway.shaping.shaper import Admitted
 from services.gateway.tensors.types import InferRequest, InferResponse
+from services.gateway.tracing.observe import unlogged
+from services.gateway.tracing.spans import CURRENT, Tracing
 from services.gateway.versions.numbers import parse_version
 
-__all__ = ["GenerateEndpoint", "generate_routes", "sse_events"]
+__all__ = ["GenerateEndpoint", "TracedGenerateEndpoint", "generate_routes", "sse_events"]
 
 PROTOCOL = "http"
 DISCONNECTED = 499
@@ -38,11 +43,15 @@ EVENT_STREAM = "text/event-stream"
 log = logging.getLogger(__name__)
 
 
-def generate_routes(dataplane: DataPlane, *, max_body_bytes: int) -> list[Route]:
-    """The four routes (``generate``, ``generate_stream``, each unversioned and versioned), POST only."""
+def generate_routes(dataplane: DataPlane, *, max_body_bytes: int, tracing: Tracing | None = None) -> list[Route]:
+    """The four routes (``generate``, ``generate_stream``, each unversioned and versioned), POST only; traced when
+    ``tracing`` is given."""
     routes = []
     for suffix, streaming in (("generate", False), ("generate_stream", True)):
-        endpoint = GenerateEndpoint(dataplane, max_body_bytes=max_body_bytes, streaming=streaming)
+        endpoint = (
+            GenerateEndpoint(dataplane, max_body_bytes=max_body_bytes, streaming=streaming) if tracing is None
+            else TracedGenerateEndpoint(dataplane, max_body_bytes=max_body_bytes, streaming=streaming, tracing=tracing)
+        )
         for base in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
             routes.append(Route(f"{base}/{suffix}", endpoint, methods=["POST"]))
     return routes
@@ -77,8 +86,9 @@ class GenerateEndpoint:
             self._dataplane.record_error(model, raw_version, PROTOCOL, error, admitted.tenant)
             await gateway_error_response(error)(scope, receive, send)
             return
-        # Counted by the data plane from here on, as every inference request.
-        stream = self._dataplane.infer_stream(request, protocol=PROTOCOL, header=lambda name: headers.get(name))
+        # Counted by the data plane from here on, as every inference request; not logged (``unlogged``): a log record
+        # is one v2 request and its one answer, and a generate request is neither (docs/observability.md).
+        stream = self._dataplane.infer_stream(request, protocol=PROTOCOL, header=unlogged(headers.get))
         answer = self._stream if self._streaming else self._answer
         try:
             response = await answer(stream, headers, admitted, scope)
@@ -168,6 +178,42 @@ class GenerateEndpoint:
         self._dataplane.record_error(params["model_name"], params.get("model_version"), PROTOCOL, error,
                                      admitted.tenant)
         return gateway_error_response(error)
+
+
+class TracedGenerateEndpoint(GenerateEndpoint):
+    """The route with a server span per request, named like the route (``POST /v2/models/{model_name}/generate``,
+    ``.../generate_stream``, versioned or not, as ``/infer``'s): the caller's ``traceparent`` is its parent, the
+    answer (a stream: its headers) carries the span's own, sampled or not. A stream's span ends with its last event."""
+
+    def __init__(self, dataplane: DataPlane, *, max_body_bytes: int, streaming: bool, tracing: Tracing) -> None:
+        super().__init__(dataplane, max_body_bytes=max_body_bytes, streaming=streaming)
+        self._tracing = tracing
+        self._span_name = f"POST /v2/models/{{model_name}}/{'generate_stream' if streaming else 'generate'}"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = Headers(scope=scope)
+        attributes = {
+            "switchyard.model": scope["path_params"]["model_name"], "switchyard.protocol": PROTOCOL,
+            "url.path": scope["path"],
+        }
+        trace = self._tracing.server(self._span_name, headers.get, attributes)
+        traceparent = (b"traceparent", trace.traceparent.encode("latin-1"))
+        sent: list[int] = []
+
+        async def traced_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                sent.append(message["status"])
+                message = {**message, "headers": [*message.get("headers", ()), traceparent]}
+            await send(message)
+
+        token = CURRENT.set(trace)  # the data plane's stream, and the task that sends the events, inherit it
+        try:
+            await super().__call__(scope, receive, traced_send)
+        finally:
+            CURRENT.reset(token)
+            # A failure the data plane or this route counted set the span's status; a stream's sent status (200)
+            # would hide one that came after the first event.
+            trace.end(sent[0] if sent and trace.status == 200 else None)
 
 
 async def sse_events(

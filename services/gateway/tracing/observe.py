@@ -25,11 +25,23 @@ class Gate(Protocol):
 Header = Callable[[str], str | None]
 """Reads one of the request's headers (gRPC: metadata) by its lower-case name."""
 REPLAY_HEADER = "x-switchyard-replay"
-"""Set by ``switchyard replay`` on the requests it sends again: they are in the log already."""
+"""Set by ``switchyard replay`` on the requests it sends again: they are in the log already. The log leaves out every
+request whose headers, as the data plane reads them, carry it (``unlogged``)."""
 
 
 def _replayed(header: Header | None) -> bool:
     return header is not None and header(REPLAY_HEADER) is not None
+
+
+def unlogged(header: Header) -> Header:
+    """``header`` for a request the inference log must leave out whatever it was sent with (the generate routes'):
+    it answers ``REPLAY_HEADER``, so the one check every logged request makes anyway skips it and ``/infer`` pays
+    nothing for the distinction."""
+
+    def read(name: str) -> str | None:
+        return "unlogged" if name == REPLAY_HEADER else header(name)
+
+    return read
 
 
 StableOf = Callable[[str], int | None]

@@ -242,8 +242,8 @@ class VersionManager:
     async def replay(self, model: str, version: int, options: ReplayOptions) -> dict[str, Any]:
         """The replay check's report (kept as the model's ``last_replay``); ``ReplayRefused`` when it failed."""
         report = await replay_check(
-            self.backend, model, version, options.source, limit=options.limit, atol=options.atol, rtol=options.rtol,
-            timeout_s=self.settings.warmup_timeout_s,
+            self.backend, model, version, options.source, model_dir=self.catalog.entry(model).path,
+            limit=options.limit, atol=options.atol, rtol=options.rtol, timeout_s=self.settings.warmup_timeout_s,
         )
         data = {**report.to_json(), "checked_at": now_iso()}
         self.last_replay[model] = data

@@ -4,7 +4,10 @@ and before the flip; a version that answers differently, or a log the gateway ca
 the report in the answer, and the routing does not change.
 
 The requests go straight to the backend, as the warm-up's do (validated against the version's metadata first): they
-are the gateway's own, so they pass no admission step and feed no canary window, shadow or inference log."""
+are the gateway's own, so they pass no admission step and feed no canary window, shadow or inference log. What the
+logged request asked beyond its inputs is applied as the data plane applies it (its ``timeout`` within the check's
+own, its custom parameters refused when the model cannot take them, its outputs' class counts), so that a record
+answers the same way here as through ``switchyard replay``."""
 
 from __future__ import annotations
 
@@ -12,14 +15,17 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from services.gateway.backends.base import Backend
-from services.gateway.errors import GatewayError, InvalidInput
+from services.gateway.errors import DeadlineExceeded, GatewayError, InvalidInput
+from services.gateway.tensors.classification import CLASSIFICATION, Labels, check_classes, classify, read_labels
+from services.gateway.tensors.parameters import check_request_parameters
 from services.gateway.tensors.types import InferInput, InferRequest, ModelMetadata
 from services.gateway.tensors.validation import validate
 from services.inferlog.compare import Answer, ReplayReport, resendable
-from services.inferlog.format import RecordError, inputs_of
+from services.inferlog.format import RecordError, inputs_of, output_parameters_of, parameters_of
 from services.inferlog.sources import SourceError, read_records
 
 DEFAULT_LIMIT = 200
@@ -81,23 +87,46 @@ async def replay_check(
     version: int,
     source: str,
     *,
+    model_dir: Path,
     limit: int = DEFAULT_LIMIT,
     atol: float = DEFAULT_ATOL,
     rtol: float = DEFAULT_RTOL,
     timeout_s: float,
 ) -> ReplayReport:
     """The newest ``limit`` records of ``model`` in ``source`` run on ``version`` and compared with their logged
-    answers. ``ReplayRefused`` when the log cannot be read or holds no record of the model."""
+    answers. ``model_dir``: the model's folder, where its class labels are. ``ReplayRefused`` when the log cannot be
+    read or holds no record of the model."""
     records = await _newest_records(model, source, limit)
-    metadata = await backend.metadata(model, version)
+    version_of = _Version(backend, model, version, await backend.metadata(model, version), model_dir)
     report = ReplayReport(model, version, atol, rtol, source=source)
     for record in records:
         why_not = resendable(record)
         if why_not is not None:
             report.skip(why_not)
             continue
-        report.add(record, await _answer(backend, metadata, model, version, record, timeout_s))
+        report.add(record, await _answer(version_of, record, timeout_s))
     return report
+
+
+@dataclass
+class _Version:
+    """The version the check runs on, and what the data plane's steps read of it (once, when a record needs it)."""
+
+    backend: Backend
+    model: str
+    number: int
+    metadata: ModelMetadata
+    model_dir: Path
+    _labels: Labels | None = None
+
+    async def sequence_batching(self) -> bool:
+        return bool((await self.backend.config(self.model, self.number)).HasField("sequence_batching"))
+
+    async def labels(self) -> Labels:
+        if self._labels is None:
+            config = await self.backend.config(self.model, self.number)
+            self._labels = await asyncio.to_thread(read_labels, self.model_dir, config)
+        return self._labels
 
 
 async def _newest_records(model: str, source: str, limit: int) -> list[dict[str, Any]]:
@@ -111,22 +140,48 @@ async def _newest_records(model: str, source: str, limit: int) -> list[dict[str,
     return records
 
 
-async def _answer(
-    backend: Backend, metadata: ModelMetadata, model: str, version: int, record: dict[str, Any], timeout_s: float
-) -> Answer:
+async def _answer(version: _Version, record: dict[str, Any], timeout_s: float) -> Answer:
     """The record's request sent again to ``version``: its status as the gateway would answer it, never raising."""
+    model, backend = version.model, version.backend
     requested = record["request"].get("outputs")
     inputs = [InferInput(name, datatype, tuple(array.shape), array) for name, datatype, array in inputs_of(record)]
+    parameters = parameters_of(record)
+    timeout, priority = parameters.pop("timeout", None), parameters.pop("priority", 0)
+    counts = {name: asked.get(CLASSIFICATION) for name, asked in output_parameters_of(record).items()}
+    classes = {name: count for name, count in counts.items() if isinstance(count, int) and count > 0}
     request = InferRequest(
-        model, version, inputs, id=REPLAY_ID, outputs=tuple(requested) if isinstance(requested, list) else None
+        model, version.number, inputs, id=REPLAY_ID, outputs=tuple(requested) if isinstance(requested, list) else None,
+        parameters=parameters, classification=classes,
     )
+    # The logged request's own deadline when it named a shorter one than the check's: a 504 it got is got again.
+    budget_s = min(timeout_s, timeout / 1e6) if isinstance(timeout, int) and timeout > 0 else timeout_s
     started = time.perf_counter()
     try:
-        validate(request, metadata)
-        async with asyncio.timeout(timeout_s):
-            response = await backend.infer(request, version=version, timeout_s=timeout_s, priority=0)
+        validate(request, version.metadata)
+        if parameters:
+            check_request_parameters(
+                parameters, model, forwarded=backend.forwards_parameters,
+                sequence_batching=backend.forwards_parameters and await version.sequence_batching(), backend="embedded",
+            )
+        if classes:
+            check_classes(classes, version.metadata)
+        left_s = budget_s - (time.perf_counter() - started)
+        if left_s <= 0:  # as the data plane refuses a request whose deadline passed before it reached the model
+            raise DeadlineExceeded(f"request to model '{model}': its deadline passed before it reached the model")
+        async with asyncio.timeout(left_s):
+            response = await backend.infer(
+                request, version=version.number, timeout_s=left_s, priority=priority if isinstance(priority, int) else 0
+            )
+        if classes:
+            labels = await version.labels()
+            batched = version.metadata.max_batch_size > 0
+            response.outputs = [
+                classify(output, classes[output.name], labels.get(output.name, ()), batched)
+                if output.name in classes else output
+                for output in response.outputs
+            ]
     except TimeoutError:
-        return Answer(504, {}, _since(started), f"no answer within {timeout_s:g} s")
+        return Answer(504, {}, _since(started), f"no answer within {budget_s:g} s")
     except GatewayError as exc:
         return Answer(exc.status, {}, _since(started), str(exc))
     outputs = {output.name: output.data for output in response.outputs}
@@ -148,7 +203,8 @@ def refusal(report: ReplayReport) -> ReplayRefused | None:
         why = f"none of the {report.records} logged requests could be sent again (see 'skipped')"
     else:
         why = (
-            f"{report.failures} of {report.compared + report.status_only} logged answers differed "
+            f"{report.failures} of {report.compared + report.status_only + len(report.status_mismatches)} logged "
+            "answers differed "
             f"({report.differing} beyond atol {report.atol:g} / rtol {report.rtol:g}, "
             f"{len(report.status_mismatches)} with another status)"
         )

@@ -644,6 +644,12 @@ function placed(devices) {
   return h("span", { class: "devices", text: devices.gpu_fallback ? ` on ${text} (GPU fallback)` : ` on ${text}` });
 }
 
+// A loaded version's problem, or why a version on disk is not loaded (its load or warm-up failed and was undone).
+function problemOf(row, failed) {
+  const problem = row ? row.problem : failed;
+  return problem ? h("span", { class: "error" }, ` — ${problem}`) : null;
+}
+
 function versionsTable(card, status) {
   const routing = status.routing || {};
   const loaded = new Map(status.loaded.map((row) => [row.version, row]));
@@ -670,7 +676,7 @@ function versionsTable(card, status) {
       "tr",
       { dataset: { version: String(version) } },
       h("th", { scope: "row", text: v(version) }),
-      h("td", { dataset: { field: "state" } }, row ? row.state : "on disk, not loaded", row ? placed(row.devices) : null, row && row.problem ? h("span", { class: "error" }, ` — ${row.problem}`) : null),
+      h("td", { dataset: { field: "state" } }, row ? row.state : "on disk, not loaded", row ? placed(row.devices) : null, problemOf(row, (status.failed || {})[version])),
       h("td", { dataset: { field: "leases" }, text: row ? String(row.leases) : "–" }),
       h("td", { class: "optional", text: onDisk ? "yes" : "no" }),
       h("td", { dataset: { field: "role" }, text: roles.join(", ") || "–" }),
