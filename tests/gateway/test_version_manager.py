@@ -148,6 +148,19 @@ async def test_failed_load_leaves_nothing_loaded_and_is_the_model_s_problem_when
     assert (row["loaded"], row["problem"]) == ([1, 2], None)
 
 
+async def test_a_version_its_backend_dropped_after_a_failed_load_is_the_model_s_problem(
+    client: httpx.AsyncClient, backend: ScriptedBackend
+) -> None:
+    """The Triton backend keeps no state for a version whose load it undid, only why it failed (its ``problem``)."""
+    backend.problems[2] = "loading model 'double' version(s) [2] failed: INVALID_PROTOBUF"
+
+    (row,) = (await client.get("/admin/models", headers=ADMIN)).json()["models"]
+    status = (await client.get("/admin/models/double", headers=ADMIN)).json()
+
+    assert row["problem"] == "version 2 does not serve: loading model 'double' version(s) [2] failed: INVALID_PROTOBUF"
+    assert status["failed"] == {"2": "loading model 'double' version(s) [2] failed: INVALID_PROTOBUF"}
+
+
 async def test_activate_runs_a_declared_warm_up_sample_its_count_of_times(
     client: httpx.AsyncClient, backend: ScriptedBackend
 ) -> None:

@@ -175,9 +175,14 @@ class Router:
         entry = self._catalog.entries.get(model)
         on_disk = set(entry.available) if entry is not None else set()
         failed = {v: reason for (m, v), reason in self._notes.items() if m == model}
-        for version, state in self._backend.models().get(model, {}).items():
+        states = self._backend.models().get(model, {})
+        for version, state in states.items():
             if state is VersionState.UNAVAILABLE and version not in failed:
                 failed[version] = self._backend.problem(model, version) or "unavailable"
+        for version in on_disk - states.keys() - failed.keys():  # dropped by its backend, which kept why (Triton)
+            reason = self._backend.problem(model, version)
+            if reason is not None:
+                failed[version] = reason
         return {v: failed[v] for v in sorted(failed) if v in on_disk}
 
     def ready(self, model: str) -> bool:
