@@ -3,7 +3,9 @@ file), and a reload that keeps the previous certificate when the new files do no
 
 from __future__ import annotations
 
+import contextlib
 import os
+import ssl
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,39 @@ def test_a_broken_replacement_keeps_the_previous_certificate(tmp_path: Path, iss
     assert tls.reload_if_changed() is True
     assert tls.grpc_fetch() is not None
     assert tls.reloads == 1
+
+
+def served_certificate(server: ssl.SSLContext, ca_file: Path) -> bytes:
+    """The certificate (DER) a handshake with ``server`` presents, in memory: no socket, no server."""
+    client_context = ssl.create_default_context(cafile=ca_file)
+    client_context.check_hostname = False
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = client_context.wrap_bio(to_client, to_server)
+    from_client, from_server = ssl.MemoryBIO(), ssl.MemoryBIO()
+    accepted = server.wrap_bio(from_client, from_server, server_side=True)
+    for _ in range(10):
+        for side in (client, accepted):
+            with contextlib.suppress(ssl.SSLWantReadError):  # waits for the other side's bytes
+                side.do_handshake()
+        from_client.write(to_server.read())
+        to_client.write(from_server.read())
+    certificate = client.getpeercert(binary_form=True)
+    assert certificate is not None, "no handshake"
+    return certificate
+
+
+def test_a_certificate_replaced_before_its_key_keeps_the_previous_pair_serving(
+    tmp_path: Path, issued: tuple[Issued, Issued]
+) -> None:
+    """Deployments rename the new certificate into place, then the new key: in between the pair does not match, and
+    the listener must go on handshaking with the pair it had."""
+    server, other = issued
+    tls = server_tls(listener_settings(tmp_path, server.cert_file, server.key_file))
+    assert isinstance(tls, ServerTls)
+    before = served_certificate(tls.context, tmp_path / "ca.pem")
+    swapped = tmp_path / "swapped.pem"
+    swapped.write_bytes(other.cert_file.read_bytes())
+    os.replace(swapped, server.cert_file)
+
+    assert tls.reload_if_changed() is False
+    assert served_certificate(tls.context, tmp_path / "ca.pem") == before

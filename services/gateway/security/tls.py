@@ -102,9 +102,7 @@ class ServerTls:
         self.files = files
         self.reloads = 0
         """Chains loaded since the start (by the HTTP watcher); tests and logs read it."""
-        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
-        self.context.verify_mode = _VERIFY_MODES[files.client_auth]
+        self.context = self._server_context()
         self._load_into(self.context)
         self._stamps = files.stamps()
         self._grpc_stamps = self._stamps
@@ -134,6 +132,9 @@ class ServerTls:
         if stamps == self._stamps:
             return False
         try:
+            # Tried on a context of its own first: a certificate that loads into the live context before its key
+            # is refused stays there, beside the old key, and every handshake after it would fail.
+            self._load_into(self._server_context())
             self._load_into(self.context)
         except TlsError as exc:
             log.error("TLS certificate not reloaded, the previous one stays in use: %s", exc)
@@ -143,6 +144,12 @@ class ServerTls:
         self.reloads += 1
         log.info("TLS certificate reloaded from %s", self.files.cert.path)
         return True
+
+    def _server_context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.verify_mode = _VERIFY_MODES[self.files.client_auth]
+        return context
 
     def _load_into(self, context: ssl.SSLContext) -> None:
         files = self.files
