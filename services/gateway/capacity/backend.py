@@ -11,7 +11,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from services.gateway.backends.base import Backend
-from services.gateway.capacity.cache import ROOM_WAIT_S, ModelCache, room_wait_s
+from services.gateway.capacity.cache import Demand, ModelCache, load_demand
 from services.gateway.capacity.memory import Cost, LocalServer, Measure, MemoryDeclarationError, this_process
 from services.gateway.capacity.metrics import CacheMetrics
 from services.gateway.errors import InvalidInput
@@ -45,7 +45,9 @@ class CachedBackend:
 
     async def start(self, initial: Mapping[str, Collection[int]]) -> None:
         """Starts the backend empty, then loads ``initial`` (the pinned models) one by one, each within the budget
-        and measured; a version that fails is reported by the backend's ``problem``, as ``start`` does."""
+        and measured; a version that fails is reported by the backend's ``problem``, as ``start`` does. The
+        repository has been read by now: a pinned model it lacks is named."""
+        self.cache.check_pinned()
         await self.inner.start({})
         for model, versions in initial.items():
             for version in sorted(versions):
@@ -62,7 +64,7 @@ class CachedBackend:
             raise InvalidInput(str(exc)) from None
         cache.refuse_if_too_large(model, version, expected)
         async with cache.room:  # one load at a time: each measured alone, the budget never promised twice
-            await cache.make_room(model, expected.mb, room_wait_s.get(ROOM_WAIT_S))
+            await cache.make_room(model, version, expected.mb, load_demand.get() or Demand.background())
             await self._prime(model)
             before = cache.measure()
             await self.inner.load(model, version)

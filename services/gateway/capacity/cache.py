@@ -6,21 +6,23 @@ room first and tells it the cost after; a request for a model whose routed versi
 
 What may be unloaded to make room, one model at a time and only as many as needed: the least recently used model
 that is not pinned, has no request in flight (its leases: the same count a drain waits for), is not in the middle
-of a version action and has served the requests that caused its load, once it was loaded at least
-``model_min_residency_s`` ago (until then the load waits for it: a busier model is never unloaded in its place).
-When nothing may go, a load waits for room (a request within its deadline) rather than exceed the budget.
-``model_idle_unload_s`` unloads a model no request used for that long, budget or not."""
+of a version action and has no request still waiting for the load that brought it in (``Demand``), once it was
+loaded at least ``model_min_residency_s`` ago (until then the load waits for it: a busier model is never unloaded in
+its place). When nothing may go, a load waits for room rather than exceed the budget: a load on demand while one of
+its requests still waits, others ``ROOM_WAIT_S``. ``model_idle_unload_s`` unloads a model no request used for that
+long, budget or not. See docs/model-cache.md."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from services.gateway.capacity.memory import Cost, Measure, declared_mb, files_mb, this_process
 from services.gateway.capacity.metrics import CacheMetrics
@@ -37,11 +39,49 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ROOM_WAIT_S = 30.0
-"""How long a load not made for a request (an activation, a canary) waits for room before it is refused."""
+"""How long a load not made for a request (an activation, a canary) waits for room before it is refused; a request
+without a deadline waits as long."""
 _POLL_S = 0.05
-room_wait_s: ContextVar[float] = ContextVar("room_wait_s")
-"""How long the load under way may wait for room: what is left of its first request's deadline, for a load made
-for requests; ``ROOM_WAIT_S`` otherwise."""
+
+Stage = Literal["queued", "room", "loading"]
+
+
+@dataclass(eq=False)
+class Demand:
+    """Who a load is for and how far it got. It waits for room only while it is wanted: for requests
+    (``fault_in``), while one of them still waits within its deadline; otherwise up to ``ROOM_WAIT_S``. Every other
+    step goes on whoever still waits; the model is then kept for the requests still waiting until they are served
+    or gone (deadline passed, cancelled), never longer: nothing can pin it."""
+
+    for_requests: bool
+    until: float
+    """``time.monotonic()``: the latest deadline of the requests that joined (``ROOM_WAIT_S`` on for one without)."""
+    waiting: int = 0
+    """Requests waiting for it now."""
+    stage: Stage = "queued"
+    needed_mb: float | None = None
+    """What it makes room for, once it does."""
+    task: asyncio.Task[None] = field(init=False)
+
+    @classmethod
+    def background(cls) -> Demand:
+        return cls(for_requests=False, until=time.monotonic() + ROOM_WAIT_S)
+
+    def join(self, deadline: float | None) -> None:
+        self.waiting += 1
+        self.until = max(self.until, time.monotonic() + ROOM_WAIT_S if deadline is None else deadline)
+
+    def leave(self) -> None:
+        self.waiting -= 1
+
+    def wanted(self) -> bool:
+        """Whether it may still wait for room."""
+        return (self.waiting > 0 or not self.for_requests) and time.monotonic() < self.until
+
+
+load_demand: ContextVar[Demand | None] = ContextVar("load_demand", default=None)
+"""The demand of the load under way in this task (``_bring_in``); a load outside one (an activation, a canary, the
+repository API, a pinned model at start) has none and waits for room up to ``ROOM_WAIT_S``."""
 
 
 class ModelTooLarge(GatewayError):
@@ -63,8 +103,13 @@ class Resident:
     costs: dict[int, Cost]
     loaded_at: float
     last_used: float
-    awaiting_first: bool = False
-    """Loaded for waiting requests that have not been served yet: not unloaded before they are."""
+    brought_in_for: list[Demand] = field(default_factory=list)
+    """The loads on demand that loaded its versions: it is not unloaded while one of their requests still waits
+    (between the load's end and the request taking its lease)."""
+
+    @property
+    def awaited(self) -> bool:
+        return any(demand.waiting > 0 for demand in self.brought_in_for)
 
     @property
     def mb(self) -> float:
@@ -102,23 +147,32 @@ class ModelCache:
     """The last cost seen of each version, kept after it is unloaded: what its next load expects to need."""
     _unloaded_by: dict[str, str] = field(default_factory=dict)
     """Why the cache last unloaded each model it unloaded (``capacity``, ``idle``), until it is loaded again."""
-    _loading: dict[tuple[str, int], asyncio.Task[None]] = field(default_factory=dict)
+    _loading: dict[tuple[str, int], Demand] = field(default_factory=dict)
     _evicting: dict[str, asyncio.Event] = field(default_factory=dict)
     room: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held by a load from making room to accounting its cost: loads are measured one at a time."""
     _manager: VersionManager | None = None
     _idle_task: asyncio.Task[None] | None = None
+    _short_of_room: bool = False
+    """A load is waiting for room now: the loads queued behind it wait for room too."""
+    _warned_pinned: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         assert self.settings.model_cache_mb is not None
         self.budget_mb: float = self.settings.model_cache_mb
         self.pinned = pinned(self.settings)
-        unknown = sorted(self.pinned - set(self.catalog.entries))
-        if unknown and self.catalog.entries:
-            log.warning("SWITCHYARD_PINNED_MODELS names %s, not in the repository (pinned if they appear)", unknown)
         self._hits = self.figures.requests.labels("hit")
         self.figures.budget.set(self.budget_mb * 2**20)
         self.figures.used.set_function(lambda: self.used_mb * 2**20)
+
+    def check_pinned(self) -> None:
+        """Warn of the pinned models the repository, as last read, does not have: a misspelled name would
+        otherwise go unnoticed. Once per name: called again (a rescan), it says nothing it said already."""
+        unknown = sorted(self.pinned - set(self.catalog.entries) - self._warned_pinned)
+        if unknown:
+            self._warned_pinned.update(unknown)
+            log.warning("SWITCHYARD_PINNED_MODELS names %s, not in the repository %s (pinned if they appear)",
+                        unknown, self.catalog.root)
 
     def attach(self, manager: VersionManager) -> None:
         """The version manager whose locks, leases, router and warm-up the cache uses; starts the idle sweep."""
@@ -142,34 +196,78 @@ class ModelCache:
         resident = self.residents.get(model)
         if resident is not None:
             resident.last_used = self.clock()
-            resident.awaiting_first = False
         if hit:
             self._hits.inc()
 
     async def fault_in(self, model: str, version: int, deadline: float | None) -> None:
         """Load ``version`` of ``model`` for a request that found it unloaded; one load however many requests
-        wait for it. Waits no longer than ``deadline`` (``time.monotonic()``): then 504, the load going on."""
+        wait for it. Waits no longer than ``deadline`` (``time.monotonic()``); past it the answer says how far the
+        load got (``_late``): 504 while loading (it goes on), 503 with ``Retry-After`` while no room was free."""
         key = (model, version)
-        task = self._loading.get(key)
-        if task is None:
+        demand = self._loading.get(key)
+        if demand is None or demand.task.done():  # done: a load that ended this very moment is not joined
             self.figures.requests.labels("miss").inc()
-            wait_s = ROOM_WAIT_S if deadline is None else max(0.0, deadline - time.monotonic())
-            task = asyncio.get_running_loop().create_task(self._bring_in(model, version, wait_s), name=f"load {model}")
-            self._loading[key] = task
-            task.add_done_callback(lambda done: self._loaded(key, done))
+            demand = Demand(for_requests=True, until=0.0)
+            demand.join(deadline)  # before the load starts: it waits for room only while someone waits
+            demand.task = asyncio.get_running_loop().create_task(
+                self._bring_in(model, version, demand), name=f"load {model}"
+            )
+            self._loading[key] = demand
+            demand.task.add_done_callback(lambda _: self._loaded(key, demand))
         else:
             self.figures.requests.labels("miss_waiting").inc()
-        if deadline is None:
-            await asyncio.shield(task)
-            return
+            demand.join(deadline)
         try:
-            async with asyncio.timeout_at(asyncio.get_running_loop().time() + (deadline - time.monotonic())):
-                await asyncio.shield(task)
-        except TimeoutError:
-            raise DeadlineExceeded(
+            if deadline is None:
+                await asyncio.shield(demand.task)
+                return
+            try:
+                async with asyncio.timeout_at(asyncio.get_running_loop().time() + (deadline - time.monotonic())):
+                    await asyncio.shield(demand.task)
+            except TimeoutError:
+                raise self._late(model, version, demand) from None
+        finally:
+            demand.leave()
+
+    def _late(self, model: str, version: int, demand: Demand) -> GatewayError:
+        """The answer to a request whose deadline passed before its model was loaded, true to what the load does
+        next: loading, or waiting for its turn, it goes on (504); waiting for room, it is given up once no request
+        waits for it (503 with ``Retry-After``)."""
+        if demand.stage == "loading":
+            return DeadlineExceeded(
                 f"model '{model}' version {version} was not loaded yet when the request's deadline passed (a cold "
                 "start of the model cache; it goes on loading)"
-            ) from None
+            )
+        if demand.stage == "room" or self._short_of_room:  # its own load waits for room, or the one ahead of it
+            return self._no_room(model, version, demand, "within the request's deadline")
+        return DeadlineExceeded(
+            f"model '{model}' version {version} was not loaded yet when the request's deadline passed (a cold start "
+            "of the model cache, waiting for its turn: one load at a time, none during a version action of the "
+            "model; it loads when its turn comes, room permitting)"
+        )
+
+    def _no_room(self, model: str, version: int, demand: Demand, when: str) -> CacheFull:
+        needed = "" if demand.needed_mb is None else f" ({demand.needed_mb:.1f} MiB)"
+        residency = self.settings.model_min_residency_s
+        young = (f"loaded less than SWITCHYARD_MODEL_MIN_RESIDENCY_S ({residency:g} s) ago" if residency > 0
+                 else "just loaded")
+        error = CacheFull(
+            f"model '{model}' version {version} could not be loaded: the model cache had no room free for it"
+            f"{needed} {when} ({self.used_mb:.0f} of {self.budget_mb:g} MiB in use; every loaded model is pinned, "
+            f"serving or {young}); retry later"
+        )
+        error.retry_after_s = self._retry_after_s()
+        return error
+
+    def _retry_after_s(self) -> int:
+        """When a retry may find room: once the least recently used model that may go is old enough, else in a
+        second (a request in flight ends, a load finishes)."""
+        now = self.clock()
+        movable = [(r.last_used, r.loaded_at) for m, r in self.residents.items() if self._movable(m, r)]
+        if not movable:
+            return 1
+        age = now - min(movable)[1]
+        return max(1, math.ceil(self.settings.model_min_residency_s - age))
 
     def prefetch(self, model: str, version: int) -> None:
         """Load ``version`` in the background, for no request in particular: a canary's or shadow's version that is
@@ -177,27 +275,33 @@ class ModelCache:
         key = (model, version)
         if key in self._loading or self._manager is None or self._manager.backend.state(model, version) is not None:
             return
-        task = asyncio.get_running_loop().create_task(self._bring_in(model, version, ROOM_WAIT_S), name=f"load {model}")
-        self._loading[key] = task
-        task.add_done_callback(lambda done: self._prefetched(key, done))
+        demand = Demand.background()
+        demand.task = asyncio.get_running_loop().create_task(
+            self._bring_in(model, version, demand), name=f"load {model}"
+        )
+        self._loading[key] = demand
+        demand.task.add_done_callback(lambda _: self._prefetched(key, demand))
 
-    def _loaded(self, key: tuple[str, int], task: asyncio.Task[None]) -> None:
+    def _loaded(self, key: tuple[str, int], demand: Demand) -> None:
         """A load for requests ended: its failure went to every request that waited for it (also when all of them
         gave up waiting: retrieved here, asyncio does not report it as lost)."""
-        self._loading.pop(key, None)
-        if not task.cancelled():
-            task.exception()
+        if self._loading.get(key) is demand:  # a newer load of the version may have taken its place already
+            del self._loading[key]
+        if not demand.task.cancelled():
+            demand.task.exception()
 
-    def _prefetched(self, key: tuple[str, int], task: asyncio.Task[None]) -> None:
-        self._loading.pop(key, None)
+    def _prefetched(self, key: tuple[str, int], demand: Demand) -> None:
+        if self._loading.get(key) is demand:
+            del self._loading[key]
+        task = demand.task
         if not task.cancelled() and task.exception() is not None:
             log.warning("model cache: loading model '%s' version %d for its canary or shadow failed: %s",
                         key[0], key[1], task.exception())
 
-    async def _bring_in(self, model: str, version: int, wait_s: float) -> None:
+    async def _bring_in(self, model: str, version: int, demand: Demand) -> None:
         manager = self._manager
         assert manager is not None, "attach() the version manager first"
-        room_wait_s.set(wait_s)  # this task's own context: the load below waits for room no longer
+        load_demand.set(demand)  # this task's own context: the load below waits for room only while it is wanted
         evicting = self._evicting.get(model)
         if evicting is not None:
             await evicting.wait()  # being unloaded right now: load it again once that is done
@@ -218,8 +322,8 @@ class ModelCache:
             finally:
                 manager.progress.pop(model, None)
         resident = self.residents.get(model)
-        if resident is not None:
-            resident.awaiting_first = True
+        if resident is not None and demand.waiting > 0:  # kept for them; with none left, nothing to keep it for
+            resident.brought_in_for = [kept for kept in resident.brought_in_for if kept.waiting > 0] + [demand]
         seconds = self.clock() - started
         self.figures.load_seconds.labels(model).observe(seconds)
         log.info("model cache: loaded model '%s' version %d on demand in %.2f s (%.0f of %.0f MiB in use)",
@@ -248,21 +352,30 @@ class ModelCache:
                 f"{self.budget_mb:g} MiB (SWITCHYARD_MODEL_CACHE_MB): raise the budget, or serve it elsewhere"
             )
 
-    async def make_room(self, model: str, needed_mb: float, wait_s: float) -> None:
-        """Unload least recently used models, one at a time, until ``needed_mb`` more fit; waits up to ``wait_s``
-        for one that may go. Raises ``CacheFull`` (503) when none could."""
-        give_up = self.clock() + wait_s
-        while self.used_mb + needed_mb > self.budget_mb:
-            victim = self._victim(exclude=model)
-            if victim is not None:
-                await self.evict(victim, "capacity")
-                continue
-            if self.clock() >= give_up:
-                raise CacheFull(
-                    f"the model cache ({self.used_mb:.0f} of {self.budget_mb:g} MiB in use) has no room for model "
-                    f"'{model}' ({needed_mb:.1f} MiB): every loaded model is pinned, in use or just loaded; retry"
-                )
-            await asyncio.sleep(_POLL_S)
+    async def make_room(self, model: str, version: int, needed_mb: float, demand: Demand) -> None:
+        """Unload least recently used models, one at a time, until ``needed_mb`` more fit; when none may go, wait
+        for one while ``demand`` is wanted. Raises ``CacheFull`` (503) when it no longer is: the deadlines of the
+        requests it is for passed (they were answered so), nobody waits for it any more, or ``ROOM_WAIT_S`` ran
+        out for a load made for no request."""
+        demand.needed_mb = needed_mb
+        try:
+            while self.used_mb + needed_mb > self.budget_mb:
+                # Once it waited, it unloads others only while wanted: a request told "no room" was not loaded for.
+                victim = self._victim(exclude=model) if demand.stage != "room" or demand.wanted() else None
+                if victim is not None:
+                    await self.evict(victim, "capacity")
+                    continue
+                if not demand.wanted():
+                    if demand.for_requests:
+                        log.info("model cache: gave up loading model '%s' version %d: no room, and no request "
+                                 "waits for it any more", model, version)
+                    raise self._no_room(model, version, demand, "in time")
+                demand.stage = "room"
+                self._short_of_room = True
+                await asyncio.sleep(_POLL_S)
+        finally:
+            self._short_of_room = False
+        demand.stage = "loading"
 
     async def fit_after(self, model: str) -> None:
         """A load measured more than expected: unload others until the budget holds again, without waiting."""
@@ -341,11 +454,11 @@ class ModelCache:
         return model if now - self.residents[model].loaded_at >= self.settings.model_min_residency_s else None
 
     def _movable(self, model: str, resident: Resident) -> bool:
-        """Whether ``model`` could be unloaded at all now: not pinned, not being unloaded, its load's requests
-        served, no version action on it, no request in flight."""
+        """Whether ``model`` could be unloaded at all now: not pinned, not being unloaded, no request still waiting
+        for the load that brought it in, no version action on it, no request in flight."""
         manager = self._manager
         assert manager is not None
-        if model in self.pinned or model in self._evicting or resident.awaiting_first:
+        if model in self.pinned or model in self._evicting or resident.awaited:
             return False
         if manager.lock(model).locked():  # a version action (or another load) of it is under way
             return False

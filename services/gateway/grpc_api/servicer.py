@@ -38,6 +38,7 @@ STATUS_CODES = {
     501: grpc.StatusCode.UNIMPLEMENTED,  # a unary call on a decoupled model, as Triton answers it
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
+    507: grpc.StatusCode.RESOURCE_EXHAUSTED,  # a version larger than the whole model cache: the budget, not a fault
 }
 
 
