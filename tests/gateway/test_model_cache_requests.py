@@ -195,3 +195,23 @@ async def test_a_pinned_model_the_repository_lacks_is_named_once_at_start_and_no
     ]
     assert after_rescan == at_start
     assert "m1" in app.state.dataplane.cache.residents  # the one spelled right is pinned
+
+
+async def test_a_pinned_model_that_does_not_fit_beside_the_other_pinned_ones_is_refused_at_once_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Pinned models are never unloaded: waiting for room would end only in a refusal, so it comes at once, naming
+    them and what to change."""
+    settings = cache_settings(tmp_path, pinned_models="m1,m2,m3")
+    app = create_app(settings, backend=Shelf(), registry=CollectorRegistry())
+    async with LifespanManager(app, startup_timeout=10):
+        resident = set(app.state.dataplane.cache.residents)
+
+    assert resident == {"m1", "m2"}
+    logged = [record.getMessage() for record in caplog.records if record.name == CACHE_LOG]
+    refusals = [message for message in logged if "did not load at start" in message]
+    assert refusals == [
+        "model cache: pinned model 'm3' version 1 did not load at start: model 'm3' version 1 needs 40.0 MiB, and the "
+        "pinned models ('m1' 40 MiB, 'm2' 40 MiB) hold 80 of the model cache's 100 MiB for good "
+        "(SWITCHYARD_PINNED_MODELS): pin fewer models, or raise SWITCHYARD_MODEL_CACHE_MB"
+    ]

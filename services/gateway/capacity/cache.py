@@ -352,12 +352,25 @@ class ModelCache:
                 f"{self.budget_mb:g} MiB (SWITCHYARD_MODEL_CACHE_MB): raise the budget, or serve it elsewhere"
             )
 
+    def refuse_if_pinned_out(self, model: str, version: int, needed_mb: float) -> None:
+        """507 when the pinned models left too little of the budget for ever: they are never unloaded, so waiting
+        for room could only end in a refusal (a gateway starting with more pinned than fits would wait at start)."""
+        held = {m: r.mb for m, r in self.residents.items() if m in self.pinned and m != model}
+        if held and sum(held.values()) + needed_mb > self.budget_mb:
+            names = ", ".join(f"'{m}' {mb:.0f} MiB" for m, mb in sorted(held.items()))
+            raise ModelTooLarge(
+                f"model '{model}' version {version} needs {needed_mb:.1f} MiB, and the pinned models ({names}) hold "
+                f"{sum(held.values()):.0f} of the model cache's {self.budget_mb:g} MiB for good "
+                "(SWITCHYARD_PINNED_MODELS): pin fewer models, or raise SWITCHYARD_MODEL_CACHE_MB"
+            )
+
     async def make_room(self, model: str, version: int, needed_mb: float, demand: Demand) -> None:
         """Unload least recently used models, one at a time, until ``needed_mb`` more fit; when none may go, wait
         for one while ``demand`` is wanted. Raises ``CacheFull`` (503) when it no longer is: the deadlines of the
         requests it is for passed (they were answered so), nobody waits for it any more, or ``ROOM_WAIT_S`` ran
         out for a load made for no request."""
         demand.needed_mb = needed_mb
+        self.refuse_if_pinned_out(model, version, needed_mb)
         try:
             while self.used_mb + needed_mb > self.budget_mb:
                 # Once it waited, it unloads others only while wanted: a request told "no room" was not loaded for.
@@ -456,10 +469,10 @@ class ModelCache:
     def _movable(self, model: str, resident: Resident) -> bool:
         """Whether ``model`` could be unloaded at all now: not pinned, not being unloaded, no request still waiting
         for the load that brought it in, no version action on it, no request in flight."""
-        manager = self._manager
-        assert manager is not None
         if model in self.pinned or model in self._evicting or resident.awaited:
             return False
+        manager = self._manager
+        assert manager is not None  # only pinned models are resident before it is attached
         if manager.lock(model).locked():  # a version action (or another load) of it is under way
             return False
         return all(manager.leases.count(model, version) == 0 for version in resident.costs)
