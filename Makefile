@@ -70,14 +70,15 @@ triton: install
 	$(SY) triton --repository $(REPO) --load classifier --load mlp
 
 # Versions 1 and 2 of each example (v2 has other weights); existing versions are kept, so this is idempotent.
-models: install
+models: $(VENV)/.installed
 	$(BIN)/python -m examples.export_examples --repository $(REPO)
 
 # Every zoo model (examples/zoo) in both formats into a throwaway repository; prints the README's zoo table.
 zoo: install
 	$(BIN)/python -m examples.zoo
 
-serve: install
+# The embedded backend needs only the project's venv: a first `make serve` does not wait for the local Triton.
+serve: $(VENV)/.installed
 	@if [ -z "$$(ls -d $(REPO)/*/ 2>/dev/null)" ]; then $(MAKE) --no-print-directory models; fi
 	@if [ -n "$$SWITCHYARD_ADMIN_TOKEN" ]; then $(SY) console --url "$${SWITCHYARD_ADMIN_URL:-http://127.0.0.1:$${SWITCHYARD_PORT:-8000}}"; fi
 	$(SY) serve --repository $(REPO)
@@ -102,7 +103,8 @@ test-fast: install
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-docs-serve: install
+docs-# The embedded backend needs only the project's venv: a first `make serve` does not wait for the local Triton.
+serve: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 test: lint typecheck docs pytest

@@ -3,10 +3,11 @@ gateway's ``Settings`` and from the commands' options; ``--markdown`` writes doc
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -23,6 +24,8 @@ SERVE = "serve"
 WIDEST_TEXT = 100
 """Descriptions wrap at the terminal's width, but no wider: longer lines are hard to read."""
 RST_CODE = re.compile(r"``(.+?)``")
+SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|REDIS_URL")
+"""Variables whose value ``switchyard settings`` never prints (a Redis URL may hold a password)."""
 
 
 @dataclass(frozen=True)
@@ -86,14 +89,18 @@ def command_variables(root: Any, settings: set[str]) -> list[Variable]:
     ]
 
 
-def text(gateway: list[Variable], commands: list[Variable]) -> str:
-    """``NAME=default``, then the description indented under it, wrapped to the terminal: whole at 80 columns."""
+def text(gateway: list[Variable], commands: list[Variable], environ: Mapping[str, str] | None = None) -> str:
+    """``NAME=default``, then the description indented under it, wrapped to the terminal: whole at 80 columns. A
+    variable set in ``environ`` (this shell's environment) also shows what it is set to, secrets hidden: the
+    defaults alone would read as the values in force."""
+    environ = os.environ if environ is None else environ
     width = min(shutil.get_terminal_size().columns, WIDEST_TEXT)
     lines = [*_wrap("The gateway (switchyard serve) reads these when it starts; the serve option named under a "
-                    "variable overrides it. Details: docs/settings.md.", width, indent=""), ""]
-    lines += [line for variable in gateway for line in _entry(variable, width)]
+                    "variable overrides it. Each is shown with its default; one set in this shell's environment "
+                    "also with its value. Details: docs/settings.md.", width, indent=""), ""]
+    lines += [line for variable in gateway for line in _entry(variable, width, environ)]
     lines += ["", *_wrap("These commands' options read a variable when they are not given.", width, indent=""), ""]
-    lines += [line for variable in commands for line in _entry(variable, width)]
+    lines += [line for variable in commands for line in _entry(variable, width, environ)]
     return "\n".join(lines) + "\n"
 
 
@@ -149,12 +156,16 @@ def _options(command: Any, path: list[str] | None = None) -> Iterator[tuple[list
         yield from _options(sub, [*path, name])
 
 
-def _entry(variable: Variable, width: int) -> list[str]:
+def _entry(variable: Variable, width: int, environ: Mapping[str, str]) -> list[str]:
     body = variable.description
     if variable.options:
         commands = f" ({', '.join(variable.commands)})" if variable.commands else ""
         body += f" Option: {', '.join(variable.options)}{commands}."
-    return [_assignment(variable), *_wrap(body, width)]
+    head = _assignment(variable)
+    if variable.name in environ:
+        value = environ[variable.name]
+        head += "    set here: " + ("(hidden)" if SECRET.search(variable.name) else f"{value!r}")
+    return [head, *_wrap(body, width)]
 
 
 def _wrap(paragraph: str, width: int, indent: str = "    ") -> list[str]:

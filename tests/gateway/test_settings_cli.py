@@ -32,3 +32,15 @@ def test_settings_refuses_a_setting_without_a_description_naming_it() -> None:
 
     with pytest.raises(ValueError, match=r"Undocumented\.quiet has no docstring"):
         gateway_variables(Undocumented, typer.main.get_command(app))
+
+
+def test_settings_show_what_this_environment_sets_beside_the_defaults_and_hide_secrets() -> None:
+    env = {"COLUMNS": "80", "SWITCHYARD_PORT": "9000", "SWITCHYARD_ADMIN_TOKEN": "s3cret-admin-token"}
+
+    result = CliRunner().invoke(app, ["settings"], env=env)
+
+    assert result.exit_code == 0, result.output
+    heads = [line for line in result.output.splitlines() if line.startswith("SWITCHYARD_")]
+    assert "SWITCHYARD_PORT=8000    set here: '9000'" in heads
+    assert "SWITCHYARD_ADMIN_TOKEN (unset)    set here: (hidden)" in heads
+    assert "s3cret" not in result.output
