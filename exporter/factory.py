@@ -25,6 +25,14 @@ def build(factory: str, inputs: list[str], example_batch: int) -> tuple[torch.nn
     sys.path.insert(0, str(Path.cwd()))
     try:
         target = getattr(importlib.import_module(module_name), attr)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module_name.startswith(exc.name):
+            raise InvalidSpecError(f"cannot load {factory!r}: importing it failed: {exc}") from exc
+        raise InvalidSpecError(
+            f"cannot load {factory!r}: no module {module_name!r} in the current folder ({Path.cwd()}) nor on "
+            f"PYTHONPATH. Run the command from the folder that holds {module_name.split('.')[0]}.py (or its "
+            "package), or add that folder to PYTHONPATH; --repository is relative to the current folder too."
+        ) from exc
     except (ImportError, AttributeError) as exc:
         raise InvalidSpecError(f"cannot load {factory!r}: {exc}") from exc
     finally:
