@@ -13,7 +13,15 @@ from exporter.artifacts import Progress, write_artifact
 from exporter.diagnostics import LOG_FILE, captured
 from exporter.dtypes import raw_bytes
 from exporter.errors import ExportError, RepositoryError
-from exporter.model_config import artifact_name, build_config, read_config, signature, signature_differences
+from exporter.model_config import (
+    artifact_name,
+    build_config,
+    config_changes,
+    read_config,
+    served_dims,
+    signature,
+    signature_differences,
+)
 from exporter.module_io import ExampleInputs, prepare
 from exporter.parity import ParityReport, check_parity, default_tolerance, parity_batch_sizes
 from exporter.parity_device import eager_on
@@ -46,6 +54,9 @@ class ExportResult:
     released: bool = True
     """Whether a gateway with no routing state for the model may serve this version as stable by itself (a model's
     first version, or ``release=True``); otherwise it serves unversioned requests once activated."""
+    config_changes: tuple[str, ...] = ()
+    """What this export changed in the model's shared config.pbtxt (version policy, batching, instances...), one
+    line per field, as ``model_config.config_changes`` words it; empty for a first version or an unchanged config."""
 
 
 def export(
@@ -119,12 +130,14 @@ def _export(
     prepared = prepare(module, example_inputs, input_names, output_names)
     if prepared.batch_size > options.max_batch_size:
         raise ExportError(
-            f"the example inputs have batch {prepared.batch_size}, over max_batch_size={options.max_batch_size}"
+            f"the example inputs have batch {prepared.batch_size}, over max_batch_size={options.max_batch_size}: "
+            f"give examples of at most {options.max_batch_size} rows (--example-batch on the command line), or "
+            "raise max_batch_size"
         )
     served_in, served_out = served_names(prepared, options.format)
     in_specs, out_specs = tensor_specs(prepared, served_in, served_out, dynamic_axes,
                                      parity_batch_sizes(options.max_batch_size))
-    warmup_dims = {n: list(t.shape[1:]) for n, t in zip(served_in, prepared.examples, strict=True)}
+    warmup_dims = {n: served_dims(t.shape[1:]) for n, t in zip(served_in, prepared.examples, strict=True)}
     config = build_config(options, in_specs, out_specs, warmup_dims)
     _check_compatible(repo, options.name, config)  # before minutes of exporting; again under the lock
     with repo.staging() as staging:
@@ -159,6 +172,7 @@ def _export(
             with repo.locked():
                 version = options.version if options.version is not None else repo.next_version(options.name)
                 _check_compatible(repo, options.name, config)
+                replaced = _config_changes(repo, options.name, config)
                 released = options.release if options.release is not None else not repo.versions(options.name)
                 write_manifest(
                     version_dir, options, version, released=released, platform=config.platform,
@@ -173,8 +187,13 @@ def _export(
         config_path=repo.model_dir(options.name) / CONFIG_FILE, manifest_path=model_dir / MANIFEST_FILE,
         format=options.format, exporter=artifact.exporter, max_abs_error=parity.max_abs_error,
         max_rel_error=parity.max_rel_error, parity=parity, inputs=in_specs, outputs=out_specs,
-        notes=tuple(notes), released=released,
+        notes=tuple(notes), released=released, config_changes=tuple(replaced),
     )
+
+
+def _config_changes(repo: ModelRepository, name: str, config: mc.ModelConfig) -> list[str]:
+    model_dir = repo.model_dir(name)
+    return config_changes(read_config(model_dir), config) if (model_dir / CONFIG_FILE).exists() else []
 
 
 def _check_compatible(repo: ModelRepository, name: str, config: mc.ModelConfig) -> None:

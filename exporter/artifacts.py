@@ -85,14 +85,26 @@ def _guarded(
     engine: str, make_runner: Callable[[], tuple[Runner, ParityDevice]], prepared: PreparedModel
 ) -> tuple[Runner, ParityDevice]:
     """Loading or running the artifact in its serving engine is part of the check: explain failures."""
+    example_shapes = [tuple(t.shape) for t in prepared.examples]
 
-    def explain(exc: Exception, dtypes: set[str]) -> ParityError:
+    def explain(exc: Exception, dtypes: set[str], shapes: list[tuple[int, ...]] | None = None) -> ParityError:
         low_precision = bool(dtypes & {"float16", "bfloat16"})
+        where = "" if shapes is None else " on inputs of shapes " + ", ".join(
+            f"{name} {list(shape)}" for name, shape in zip(prepared.input_names, shapes, strict=True))
+        if low_precision:
+            hint = ("fp16/bf16 kernels are missing for some operators on CPU: export in fp32 (model.float()) for CPU "
+                    "serving, or export and verify on a GPU machine.")
+        elif shapes is not None and shapes != example_shapes:
+            examples = ", ".join(f"{n} {list(s)}" for n, s in zip(prepared.input_names, example_shapes, strict=True))
+            hint = (f"The file was written from the example inputs ({examples}) and fails at other sizes: its graph "
+                    "fixes a size the model computes from an input's shape (a reshape or view to the example's "
+                    "length, say). Export with format='torchscript' (every dim stays dynamic), compute that size "
+                    "from x.shape in forward(), or leave the axis out of dynamic_axes and export one model per size.")
+        else:
+            hint = "The artifact is not servable as written; check the operators named above."
         return ParityError(
-            f"{engine} could not run the exported model: {type(exc).__name__}: {str(exc).strip()[:400]}. "
-            + ("fp16/bf16 kernels are missing for some operators on CPU: export in fp32 (model.float()) "
-               "for CPU serving, or export and verify on a GPU machine." if low_precision else
-               "The artifact is not servable as written; check the operators named above.")
+            f"{engine} could not run the exported model{where}: {type(exc).__name__}: {str(exc).strip()[:400]}. "
+            + hint
         )
 
     try:
@@ -104,6 +116,7 @@ def _guarded(
         try:
             return runner(inputs)
         except Exception as exc:
-            raise explain(exc, {str(t.dtype).removeprefix("torch.") for t in inputs}) from exc
+            raise explain(exc, {str(t.dtype).removeprefix("torch.") for t in inputs},
+                          [tuple(t.shape) for t in inputs]) from exc
 
     return run, device

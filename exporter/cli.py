@@ -17,7 +17,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from exporter.errors import ExportError
-from exporter.specs import DEFAULT_INSTANCES
+from exporter.specs import DEFAULT_INSTANCES, TensorSpec
 from services.extras import MissingExtra, require
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 TOOLCHAIN = ("torch", "onnx", "onnxscript")
 """What the ``export`` extra installs and an export imports (onnxruntime is in the base install)."""
 MISSING_EXTRA_EXIT = 2
+DEFAULT_EXAMPLE_BATCH = 2
 STAGE_LABELS = {
     "export": "export the module",
     "check": "load the artifact",
@@ -59,7 +60,10 @@ def export_command(
     priority_levels: Annotated[int, typer.Option(
         help="Priority levels of the dynamic batcher (requests name 1 = highest .. N; 0: none)."
     )] = 0,
-    example_batch: Annotated[int, typer.Option(help="Batch size of the generated example inputs.")] = 2,
+    example_batch: Annotated[int | None, typer.Option(
+        help="Batch size of the generated example inputs (default: 2, or 1 when --max-batch-size is 1).",
+        show_default=False,
+    )] = None,
     atol: Annotated[float | None, typer.Option(help="Parity tolerance, absolute.")] = None,
     rtol: Annotated[float | None, typer.Option(help="Parity tolerance, relative.")] = None,
     release: Annotated[bool | None, typer.Option(
@@ -79,7 +83,9 @@ def export_command(
 
     console = Console(file=_own_stderr())
     try:
-        module, examples, input_names = build(factory, inputs or [], example_batch)
+        # Two rows show more of the model than one, but never more than the model may take.
+        rows = example_batch if example_batch is not None else max(1, min(DEFAULT_EXAMPLE_BATCH, max_batch_size))
+        module, examples, input_names = build(factory, inputs or [], rows)
         axes = dynamic_axes(inputs or [])
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       console=console, transient=False) as progress:
@@ -107,6 +113,11 @@ def export_command(
         console.print(f"[bold red]export failed:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     Console().print(summary_table(result))
+    if result.config_changes:
+        # Every version shares config.pbtxt: options left at their defaults replace what an earlier export set.
+        typer.echo(f"config.pbtxt changed for every version of {result.name}:")
+        for change in result.config_changes:
+            typer.echo(f"  {change}")
     if not result.released:
         typer.echo(f"version {result.version} is not released: it serves unversioned requests once activated "
                    f"(switchyard models activate {result.name} {result.version})")
@@ -133,6 +144,11 @@ def _require_toolchain(debug: bool) -> None:
         raise typer.Exit(MISSING_EXTRA_EXIT) from None
 
 
+def _dims_text(spec: TensorSpec) -> str:
+    served = str(list(spec.dims))
+    return served if spec.reshape is None else f"{served} (model: {list(spec.reshape)})"
+
+
 def summary_table(result: ExportResult) -> Table:
     table = Table(title=f"{result.name} version {result.version} → {result.model_dir}", title_justify="left")
     for column in ("tensor", "datatype", "dims", "max abs err", "max rel err", "atol / rtol"):
@@ -143,10 +159,10 @@ def summary_table(result: ExportResult) -> Table:
         worst[check.output] = (max(prev[0], check.max_abs_error), max(prev[1], check.max_rel_error),
                                f"{check.atol:g} / {check.rtol:g}")
     for spec in result.inputs:
-        table.add_row(f"in  {spec.name}", spec.datatype, str(list(spec.dims)), "", "", "")
+        table.add_row(f"in  {spec.name}", spec.datatype, _dims_text(spec), "", "", "")
     for (spec, (abs_err, rel_err, tol)) in zip(result.outputs, worst.values(), strict=True):
-        table.add_row(f"out {spec.name}", spec.datatype, str(list(spec.dims)), f"{abs_err:.2e}", f"{rel_err:.2e}", tol)
-    parity = f"parity at batch sizes {list(result.parity.batch_sizes)}"
+        table.add_row(f"out {spec.name}", spec.datatype, _dims_text(spec), f"{abs_err:.2e}", f"{rel_err:.2e}", tol)
+    parity = f"parity at batch sizes {sorted(set(result.parity.batch_sizes))}"
     where = [result.parity.device_note] if result.parity.device_note else []  # a CPU export's caption is unchanged
     table.caption = "; ".join([f"{result.format} via {result.exporter}", parity, *where, *result.notes])
     return table

@@ -6,6 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from google.protobuf import text_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2 as mc
 
 from exporter.dtypes import config_type
@@ -32,9 +35,9 @@ def build_config(
         max_batch_size=options.max_batch_size,
     )
     for spec in inputs:
-        config.input.add(name=spec.name, data_type=_dtype(spec), dims=list(spec.dims))
+        _set_reshape(config.input.add(name=spec.name, data_type=_dtype(spec), dims=list(spec.dims)), spec)
     for spec in outputs:
-        config.output.add(name=spec.name, data_type=_dtype(spec), dims=list(spec.dims))
+        _set_reshape(config.output.add(name=spec.name, data_type=_dtype(spec), dims=list(spec.dims)), spec)
     batching = config.dynamic_batching
     batching.max_queue_delay_microseconds = options.max_queue_delay_us
     batching.preferred_batch_size.extend(options.preferred_batch_sizes)
@@ -54,6 +57,17 @@ def build_config(
         warmup.inputs[spec.name].dims.extend(warmup_dims[spec.name])
         warmup.inputs[spec.name].input_data_file = spec.name
     return config
+
+
+def _set_reshape(tensor: mc.ModelInput | mc.ModelOutput, spec: TensorSpec) -> None:
+    if spec.reshape is not None:
+        tensor.reshape.SetInParent()  # written even when the shape is empty: reshape {} means a scalar per row
+        tensor.reshape.shape.extend(spec.reshape)
+
+
+def served_dims(dims: Sequence[int]) -> list[int]:
+    """The dims (no batch dim) clients send for a tensor the model takes with ``dims`` (``TensorSpec.reshape``)."""
+    return list(dims) or [1]
 
 
 def _dtype(spec: TensorSpec) -> int:
@@ -92,9 +106,15 @@ def signature(config: mc.ModelConfig) -> tuple[object, ...]:
     """What every version of a model must agree on, since they share one ``config.pbtxt``."""
     return (
         config.platform,
-        tuple((t.name, t.data_type, tuple(t.dims)) for t in config.input),
-        tuple((t.name, t.data_type, tuple(t.dims)) for t in config.output),
+        tuple((t.name, t.data_type, tuple(t.dims), _reshape(t)) for t in config.input),
+        tuple((t.name, t.data_type, tuple(t.dims), _reshape(t)) for t in config.output),
     )
+
+
+def _reshape(tensor: mc.ModelInput | mc.ModelOutput) -> tuple[int, ...] | None:
+    """The model's own shape where a reshape sets it: dims [1] reaching the model as (batch,) or as (batch, 1) are
+    different models."""
+    return tuple(tensor.reshape.shape) if tensor.HasField("reshape") else None
 
 
 def signature_differences(existing: mc.ModelConfig, new: mc.ModelConfig) -> list[str]:
@@ -113,4 +133,38 @@ def signature_differences(existing: mc.ModelConfig, new: mc.ModelConfig) -> list
 
 def _tensor_text(tensor: mc.ModelInput | mc.ModelOutput) -> str:
     datatype = mc.DataType.Name(tensor.data_type).removeprefix("TYPE_")
-    return f"{tensor.name} {datatype} {list(tensor.dims)}"
+    reshape = _reshape(tensor)
+    return f"{tensor.name} {datatype} {list(tensor.dims)}" + ("" if reshape is None else f" reshape {list(reshape)}")
+
+
+_NOT_COMPARED = {"name", "platform", "backend", "input", "output", "model_warmup"}
+"""Left out of ``config_changes``: the signature (a new version must keep it, ``signature_differences``), and the
+warm-up sample, which every export writes afresh."""
+
+
+def config_changes(existing: mc.ModelConfig, new: mc.ModelConfig) -> list[str]:
+    """What a new export's config.pbtxt changes in the one it replaces (it is shared by every version of the model),
+    one line per top-level field: ``version_policy: all {} -> latest { num_versions: 1 }``."""
+    changes = []
+    for field in mc.ModelConfig.DESCRIPTOR.fields:
+        if field.name in _NOT_COMPARED:
+            continue
+        there, here = _field_text(existing, field), _field_text(new, field)
+        if there != here:
+            changes.append(f"{field.name}: {there} -> {here}")
+    return changes
+
+
+def _field_text(config: mc.ModelConfig, field: FieldDescriptor) -> str:
+    """One field on one line; ``(unset)`` where the config leaves it out."""
+    value = getattr(config, field.name)
+    if field.is_repeated:
+        items = [_one_line(v) if field.message_type is not None else repr(v) for v in value]
+        return f"[{', '.join(items)}]" if items else "(unset)"
+    if field.message_type is not None:
+        return _one_line(value) if config.HasField(field.name) else "(unset)"
+    return repr(value)
+
+
+def _one_line(message: Message) -> str:
+    return "{ " + text_format.MessageToString(message, as_one_line=True).strip() + " }"

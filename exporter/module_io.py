@@ -76,13 +76,15 @@ def prepare(
         raise ModelError(f"expected a torch.nn.Module, got {type(module).__name__}")
     _refuse_fake_quant(module)
     notes: list[str] = []
-    keyword = isinstance(example_inputs, Mapping)
+    keys = tuple(str(k) for k in example_inputs) if isinstance(example_inputs, Mapping) else None
     params = _forward_parameters(module)
     names, examples = _normalise_examples(example_inputs, input_names, _positional_names(params), notes)
     _refuse_mixed_devices(module, examples)
+    keyword_names = keys
     if params is not None:
-        _check_signature(params, names, keyword)
-    flat = FlatModule(module, names if keyword else None)
+        keyword_names = _binding(params, names, keys) if input_names is not None else keys
+        _check_signature(params, keyword_names or names, keyword_names is not None)
+    flat = FlatModule(module, keyword_names)
     ran_on = tuple(t.clone() for t in examples)  # compared with the examples afterwards
     outputs, tree = _run_eager(flat, module, ran_on)
     _refuse_input_changes(names, examples, ran_on)
@@ -185,6 +187,34 @@ def _default_input_name(index: int, positional: Sequence[str]) -> str:
     if index < len(positional) and positional[index].isascii():
         return positional[index]
     return f"input__{index}"
+
+
+def _binding(
+    params: list[inspect.Parameter], names: tuple[str, ...], keys: tuple[str, ...] | None
+) -> tuple[str, ...] | None:
+    """The parameters given ``input_names`` reach, as keyword names (``None``: by position). A served name that is
+    one of forward's parameter names must reach that parameter, or a client sending ``b`` would feed ``a``: names
+    that are all forward's parameters are bound by name, whatever their order; names that are not parameter names
+    (``*args``, a rename) stay positional; a mix that would send a parameter's name to another parameter is
+    refused."""
+    named = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    by_keyword = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    targets = keys if keys is not None else tuple(_positional_names(params))
+    misplaced = [(n, targets[i] if i < len(targets) else f"input {i} of *args")
+                 for i, n in enumerate(names) if n in named and (i >= len(targets) or targets[i] != n)]
+    if not misplaced:
+        return keys
+    if keys is None and all(n in by_keyword for n in names):
+        return names
+    shown = ", ".join(f"{n!r} would reach {t if t.startswith('input ') else repr(t)}" for n, t in misplaced)
+    signature = ", ".join(p.name for p in params)
+    raise InvalidSpecError(
+        f"input_names {list(names)} name parameters of forward({signature}) other than the ones their tensors "
+        f"reach ({shown}), so a client sending one of those names would feed another parameter. Give every input "
+        "a name of forward's parameters (they are then bound by name, in any order), or names that are not "
+        "forward's parameter names (bound by position)"
+        + (", or use the example dict's keys" if keys is not None else "") + "."
+    )
 
 
 def _check_signature(params: list[inspect.Parameter], names: tuple[str, ...], keyword: bool) -> None:

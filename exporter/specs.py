@@ -40,6 +40,10 @@ class TensorSpec:
     name: str
     datatype: str
     dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None = None
+    """The model's own dims where they differ from the served ones (config.pbtxt's ``reshape``): a tensor of shape
+    (batch,) is served as ``dims: [1]`` with ``reshape { shape: [] }``, since Triton refuses a batched tensor
+    without dims."""
 
     def __post_init__(self) -> None:
         validate_tensor_name(self.name)
@@ -72,6 +76,22 @@ class TensorSpec:
         return cls(name=name, datatype=dtype.upper().removeprefix("TYPE_"), dims=dims)
 
 
+INT32_MAX = 2**31 - 1
+UINT32_MAX = 2**32 - 1
+INT64_MAX = 2**63 - 1
+UINT64_MAX = 2**64 - 1
+"""The widths of the config.pbtxt fields options land in (Triton's model_config.proto): a value past its field's
+range cannot be written, and is refused as the option's error rather than protobuf's ``Value out of range``."""
+
+
+def check_range(label: str, value: int, low: int, high: int, field_type: str) -> None:
+    if not low <= value <= high:
+        raise InvalidSpecError(
+            f"{label} must lie between {low} and {high} (got {value}): Triton holds it as {field_type}, so no "
+            "config.pbtxt can carry a value past that"
+        )
+
+
 @dataclass(frozen=True)
 class VersionPolicy:
     """Which versions Triton (and the embedded runtime) load: ``latest:N``, ``all`` or ``specific:1,2``."""
@@ -85,6 +105,11 @@ class VersionPolicy:
             raise InvalidSpecError(f"version policy latest:{self.num_versions}: N must be at least 1")
         if self.kind == "specific" and (not self.versions or min(self.versions) < 1):
             raise InvalidSpecError("version policy specific: list versions >= 1, e.g. specific:1,2")
+        if self.kind == "latest":
+            check_range("the N of version policy latest:N", self.num_versions, 1, UINT32_MAX, "a uint32 (num_versions)")
+        for version in self.versions if self.kind == "specific" else ():
+            check_range("each version of version policy specific:V1,V2", version, 1, INT64_MAX,
+                        "an int64 (a model version)")
 
     @classmethod
     def parse(cls, text: str) -> VersionPolicy:
@@ -155,6 +180,13 @@ class ExportOptions:
             raise InvalidSpecError(f"max_queue_delay_us must be >= 0 (got {self.max_queue_delay_us})")
         if not 0 <= self.priority_levels <= 100:
             raise InvalidSpecError(f"priority_levels must lie between 0 (none) and 100 (got {self.priority_levels})")
+        # The proto's limits, after the checks above that name the lower bounds in their own words.
+        check_range("max_batch_size", self.max_batch_size, 1, INT32_MAX, "an int32 (max_batch_size)")
+        if self.version is not None:
+            check_range("version", self.version, 1, INT64_MAX, "an int64 (a model version)")
+        check_range("instances", self.instances, 1, INT32_MAX, "an int32 (instance_group count)")
+        check_range("max_queue_delay_us", self.max_queue_delay_us, 0, UINT64_MAX,
+                    "a uint64 (max_queue_delay_microseconds)")
         bad = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch_size]
         if bad:
             raise InvalidSpecError(

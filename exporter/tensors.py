@@ -9,6 +9,7 @@ import torch
 
 from exporter.errors import DynamicBatchError, InvalidSpecError, ModelError
 from exporter.module_io import PreparedModel
+from exporter.parity import parity_steps
 from exporter.parity_draws import Stats, like_example
 from exporter.specs import TensorSpec
 from exporter.torch2onnx import DynamicAxes
@@ -43,13 +44,19 @@ def tensor_specs(
     eager runs at those batch sizes and at the other sizes of the dynamic axes the gate checks, since one run cannot
     tell which output dims follow an input's size."""
     axes = dynamic_axes or {}
-    ins = tuple(TensorSpec(n, dt_, tuple(-1 if i + 1 in _declared(axes, src) else int(d)
-                                         for i, d in enumerate(t.shape[1:])))
+    ins = tuple(_served(n, dt_, tuple(-1 if i + 1 in _declared(axes, src) else int(d)
+                                      for i, d in enumerate(t.shape[1:])))
                 for n, dt_, src, t in zip(served_in, prepared.input_datatypes, prepared.input_names,
                                           prepared.examples, strict=True))
     dims = _output_dims(prepared, axes, batch_sizes)
-    outs = tuple(TensorSpec(n, dt_, d) for n, dt_, d in zip(served_out, prepared.output_datatypes, dims, strict=True))
+    outs = tuple(_served(n, dt_, d) for n, dt_, d in zip(served_out, prepared.output_datatypes, dims, strict=True))
     return ins, outs
+
+
+def _served(name: str, datatype: str, dims: tuple[int, ...]) -> TensorSpec:
+    """A tensor of shape (batch,) is served as (batch, 1) and reshaped to (batch,) for the model (Triton's
+    convention for a scalar per row: it refuses a batched tensor with no dims)."""
+    return TensorSpec(name, datatype, dims) if dims else TensorSpec(name, datatype, (1,), reshape=())
 
 
 def input_dynamic_dims(prepared: PreparedModel, axes: DynamicAxes | None) -> dict[str, list[int]]:
@@ -90,8 +97,8 @@ def _output_dims(prepared: PreparedModel, axes: DynamicAxes, batch_sizes: Sequen
                 )
     dynamic = [_declared(axes, name) - {0} for name in prepared.input_names]
     varying: list[set[int]] = [set() for _ in reference]
-    # Grow the dynamic axes as the parity gate does (one more at each step), at the example's batch size.
-    for grow in range(1, len(batch_sizes)) if any(dynamic) else ():
+    # Grow the dynamic axes as the parity gate does (``parity_steps``), at the example's batch size.
+    for grow in sorted({grow for _, grow in parity_steps(batch_sizes, any(dynamic))} - {0}):
         shapes = [tuple(d + grow if axis in dyn else d for axis, d in enumerate(t.shape))
                   for t, dyn in zip(prepared.examples, dynamic, strict=True)]
         for seen, ref, got in zip(varying, reference, _probe(prepared, shapes, generator) or reference, strict=True):

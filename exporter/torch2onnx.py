@@ -28,12 +28,15 @@ from exporter.errors import DynamicBatchError, ExportError, UnsupportedOperatorE
 from exporter.isolation import fresh_torch_state
 from exporter.module_io import FlatModule, PreparedModel
 from exporter.onnx_translations import shared_translations
+from exporter.parity import onnx_runner
+from exporter.parity_draws import Stats, like_example
 
 DYNAMO = "torch.onnx.dynamo"
 TORCHSCRIPT_ONNX = "torch.onnx.torchscript"
 SCRIPTED_ONNX = "torch.jit.script+torch.onnx.torchscript"
 """Scripted first, so that each data-dependent ``if`` becomes an ONNX ``If`` with both branches."""
 LEGACY_OPSET = 17
+_SIZE_PROBE_SEED = 2468
 
 DynamicAxes = Mapping[str, Sequence[int] | Mapping[int, str]]
 
@@ -108,7 +111,58 @@ def _capture(
         # keeps the axis symbolic; _check_dynamic_axes and the parity gate at other sizes verify that it did.
         return _fallback(_Job(prepared, examples, path, extra_axes, opset), reason, reason, decides=False)
     program.save(str(path))
+    elsewhere = _fails_at_other_sizes(prepared, path, extra_axes)
+    if elsewhere is not None:
+        # torch.export kept the inputs dynamic but baked the example's size into the graph (an LSTM over a
+        # transposed sequence reshapes to the traced length): the TorchScript-based exporter keeps such sizes
+        # symbolic; the parity gate then checks its file at every size.
+        _remove_written(path)
+        return _fallback(_Job(prepared, examples, path, extra_axes, opset), elsewhere, elsewhere, decides=False)
     return DYNAMO, None
+
+
+def _fails_at_other_sizes(
+    prepared: PreparedModel, path: Path, extra_axes: Mapping[str, Mapping[int, str]]
+) -> str | None:
+    """Why onnxruntime cannot run the file at a size it was not captured at (batch 1, each dynamic axis one longer
+    than the example's), when it can at the example's own; ``None`` when it runs, or fails at the example's too
+    (that is no size problem, and the parity gate explains it)."""
+    try:
+        # A file that declares a fixed axis is the model's pitfall, which those checks name; no other exporter helps.
+        model = onnx.load(str(path), load_external_data=False)
+        _check_batch_axes(model)
+        _check_dynamic_axes(model, extra_axes, DYNAMO)
+    except ExportError:
+        return None
+    generator = torch.Generator().manual_seed(_SIZE_PROBE_SEED)
+    try:
+        run, _ = onnx_runner(path, prepared.input_names)
+    except Exception:
+        return None  # the check stage loads the file again and explains why it cannot
+    shapes = [tuple(1 if axis == 0 else size + (axis in extra_axes.get(name, {})) for axis, size in enumerate(t.shape))
+              for name, t in zip(prepared.input_names, prepared.examples, strict=True)]
+    try:
+        run(tuple(like_example(Stats.of(t), shape, generator) for t, shape in zip(prepared.examples, shapes,
+                                                                                     strict=True)))
+    except Exception as exc:
+        try:
+            run(tuple(t.cpu() for t in prepared.examples))
+        except Exception:
+            return None
+        where = ", ".join(f"{n} {list(s)}" for n, s in zip(prepared.input_names, shapes, strict=True))
+        return f"the torch.export-based file runs at the example's shapes but not at {where}: {_first_line(exc)}"
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    return (lines[0] if lines else type(error).__name__)[:300]
+
+
+def _remove_written(path: Path) -> None:
+    """The dynamo file and any external data beside it, so the fallback's file is the only one left."""
+    for written in path.parent.glob(path.name + "*"):
+        written.unlink()
 
 
 def _fallback(job: _Job, reason: str, dynamo_error: BaseException | str, *, decides: bool) -> tuple[str, str]:

@@ -7,8 +7,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
+import onnxruntime as ort
 import pytest
+from typer.testing import CliRunner
 
+from exporter.model_config import read_config
+from services.cli import app
 from tests.shared_exports import copy_examples
 
 pytestmark = pytest.mark.slow  # exports models
@@ -35,10 +40,14 @@ def test_cli_export_prints_summary_when_export_succeeds(repo: Path) -> None:
     assert "not released" not in done.stdout  # a model's first version is released
 
     second = switchyard("export", "examples.models:build_mlp", "--name", "mlp", "--repository", str(repo),
-                        "--input", "features:FP32:32", "--version-policy", "all")
+                        "--input", "features:FP32:32", "--version-policy", "latest:2")
     assert second.returncode == 0, second.stderr
+    said = " ".join(second.stdout.split())
     assert ("version 2 is not released: it serves unversioned requests once activated (switchyard models activate "
-            "mlp 2)") in " ".join(second.stdout.split())
+            "mlp 2)") in said
+    # The shared config.pbtxt changed for version 1 too: said, one line per field.
+    assert ("config.pbtxt changed for every version of mlp: version_policy: { all { } } -> { latest { num_versions: "
+            "2 } }") in said
 
 
 def test_cli_export_prints_one_paragraph_without_traceback_when_input_is_bad(repo: Path) -> None:
@@ -119,3 +128,18 @@ def test_cli_export_names_each_differing_tensor_when_the_signature_conflicts(
     assert "--name" in message
     assert "--output" in message
     assert sorted(p.name for p in (repo / "mlp").iterdir() if p.name.isdigit()) == ["1", "2"]
+
+
+def test_cli_export_binds_inputs_by_name_and_fits_the_example_when_max_batch_size_is_one(repo: Path) -> None:
+    done = CliRunner().invoke(app, [
+        "export", "tests.exporter.cli_models:build_weighted", "--name", "weighted", "--repository", str(repo),
+        "--input", "b:FP32:-1", "--input", "a:FP32:-1", "--max-batch-size", "1",  # no --example-batch
+    ])
+
+    assert done.exit_code == 0, done.output
+    config = read_config(repo / "weighted")
+    assert [(t.name, list(t.dims)) for t in config.input] == [("b", [-1]), ("a", [-1])]
+    assert [list(t.dims) for t in config.output] == [[-1]]  # grown and checked at other lengths at batch 1 too
+    session = ort.InferenceSession(str(repo / "weighted" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    answer = session.run(None, {"a": np.ones((1, 5), np.float32), "b": np.zeros((1, 5), np.float32)})[0]
+    np.testing.assert_allclose(answer, 2.0)  # eager forward(a=1, b=0)

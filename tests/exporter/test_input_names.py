@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from exporter import InvalidSpecError, export
+from exporter.module_io import prepare
 from services.modelrepo.manifest import read_manifest
 from tests.exporter.helpers import listing
 
@@ -86,3 +87,33 @@ def test_export_refuses_input_named_like_an_output_when_format_is_onnx(repo: Pat
     session = ort.InferenceSession(str(renamed.model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(session.run(None, {"x": np.ones((1, 3), np.float32)})[0], 2.0)
     assert torchscript.max_abs_error == 0.0
+
+
+class Weighted(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * 2 + b * 0.001
+
+
+def test_export_binds_inputs_by_name_when_input_names_are_forward_parameters_in_another_order(repo: Path) -> None:
+    result = export(Weighted(), (torch.randn(2, 4), torch.randn(2, 4)), name="m", repository=repo,
+                    input_names=["b", "a"])
+
+    session = ort.InferenceSession(str(result.model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    answer = session.run(None, {"a": np.ones((1, 4), np.float32), "b": np.zeros((1, 4), np.float32)})[0]
+    np.testing.assert_allclose(answer, 2.0)  # eager forward(a=1, b=0)
+    assert onnx_input_names(result.model_dir) == ["b", "a"]
+
+
+@pytest.mark.parametrize(("names", "reached"),
+                         [(["b", "x"], "'b' would reach 'a'"), (["x", "a"], "'a' would reach 'b'")])
+def test_prepare_refuses_input_names_when_a_parameter_name_would_reach_another_parameter(
+    names: list[str], reached: str
+) -> None:
+    with pytest.raises(InvalidSpecError, match=rf"name parameters of forward\(a, b\) other than the ones their "
+                                               rf"tensors reach \({reached}\)"):
+        prepare(Weighted(), (torch.randn(2, 4), torch.randn(2, 4)), input_names=names)
+
+
+def test_prepare_refuses_input_names_when_they_swap_the_keys_of_dict_examples() -> None:
+    with pytest.raises(InvalidSpecError, match=r"'b' would reach 'a', 'a' would reach 'b'.*example dict's keys"):
+        prepare(Weighted(), {"a": torch.randn(2, 4), "b": torch.randn(2, 4)}, input_names=["b", "a"])

@@ -4,6 +4,7 @@ the batch size is refused, and a dynamic axis the capture would fix stays dynami
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
@@ -13,8 +14,10 @@ from onnx import TensorProto, helper
 from torch import nn
 from tritonclient.grpc import model_config_pb2 as mc
 
-from exporter import DynamicBatchError, ExportError, export
+from exporter import DynamicBatchError, ExportError, ParityError, export
+from exporter.artifacts import _guarded
 from exporter.module_io import prepare
+from exporter.parity_device import ON_CPU
 from exporter.tensors import tensor_specs
 from exporter.torch2onnx import TORCHSCRIPT_ONNX, _check_dynamic_axes
 from tests.exporter.helpers import listing
@@ -92,3 +95,64 @@ def test_onnx_check_names_the_axis_when_the_file_fixes_an_axis_asked_to_be_dynam
     with pytest.raises(ExportError, match=r"axis 2 of input 'x' was asked to be dynamic, but the exported ONNX "
                                           r"graph fixes it at 8 .*format='torchscript'"):
         _check_dynamic_axes(model, {"x": {2: "x_dim2"}}, "torch.onnx.dynamo")
+
+
+def test_tensor_specs_declare_output_dim_dynamic_when_there_is_one_batch_size() -> None:
+    prepared = prepare(FirstHalf(), torch.randn(1, 4, 8))
+
+    _, outputs = tensor_specs(prepared, ("x",), ("output",), {"x": [2]}, batch_sizes=(1,))  # max_batch_size=1
+
+    assert outputs[0].dims == (4, -1)
+
+
+@pytest.mark.slow  # exports a model
+def test_export_grows_dynamic_axes_when_max_batch_size_is_one(repo: Path) -> None:
+    torch.manual_seed(0)
+    tagger = nn.Sequential(nn.Embedding(10, 4, padding_idx=0), nn.Linear(4, 3))
+
+    result = export(tagger, torch.randint(0, 10, (1, 8)), name="tag", repository=repo, max_batch_size=1,
+                    input_names=["tokens"], dynamic_axes={"tokens": [1]})
+
+    config = text_format.Parse(result.config_path.read_text(), mc.ModelConfig())
+    assert [list(t.dims) for t in config.output] == [[-1, 3]]
+    assert [shape[0] for shape in result.parity.input_shapes] == [(1, 8), (1, 9), (1, 10)]
+
+
+class TimeMajorLstm(nn.Module):
+    """torch.export keeps the sequence axis dynamic at the input, but reshapes to the example's length inside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.lstm(x.transpose(0, 1))
+        out: torch.Tensor = y.transpose(0, 1)
+        return out
+
+
+@pytest.mark.slow  # exports a model
+def test_export_retries_with_torchscript_exporter_when_dynamo_file_fails_at_other_lengths(repo: Path) -> None:
+    torch.manual_seed(0)
+
+    result = export(TimeMajorLstm().eval(), torch.randn(3, 6, 4), name="lstm", repository=repo, max_batch_size=8,
+                    dynamic_axes={"x": [1]})
+
+    assert result.exporter == TORCHSCRIPT_ONNX
+    assert "runs at the example's shapes but not at x [1, 7, 4]" in result.notes[0]
+    assert result.parity.passed
+    assert {shape[0][1] for shape in result.parity.input_shapes} == {6, 7, 8}
+
+
+def test_runner_failure_names_the_shapes_and_the_fixed_size_when_other_sizes_fail() -> None:
+    prepared = prepare(FirstHalf(), torch.randn(2, 4, 8))
+
+    def failing(inputs: tuple[torch.Tensor, ...]) -> list[Any]:
+        raise RuntimeError("Reshape node: input shape {1,4,9}, requested shape {8,-1}")
+
+    run, _ = _guarded("onnxruntime", lambda: (failing, ON_CPU), prepared)
+
+    with pytest.raises(ParityError, match=r"could not run the exported model on inputs of shapes x \[1, 4, 9\]: "
+                                          r"RuntimeError: Reshape node.*written from the example inputs "
+                                          r"\(x \[2, 4, 8\]\) and fails at other sizes"):
+        run((torch.randn(1, 4, 9),))

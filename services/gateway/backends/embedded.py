@@ -21,6 +21,7 @@ from services.gateway.backends.base import describe_problem
 from services.gateway.backends.devices import CPU, InstancePlan, NoUsableGpu, gpus, plan_instances
 from services.gateway.backends.placement import Placement
 from services.gateway.backends.priming import prime_model_runtime
+from services.gateway.backends.reshape import Reshaped, reshapes
 from services.gateway.backends.runners import (
     Runner,
     UnsupportedModel,
@@ -336,7 +337,7 @@ class EmbeddedBackend:
         path = entry.model_path(version)
         assert path is not None  # _model_problem refuses models without a model file
         check_string_ranks(config, entry.name)
-        return build_runner(
+        runner = build_runner(
             entry.platform,
             path,
             [t.name for t in config.input],
@@ -346,6 +347,7 @@ class EmbeddedBackend:
             devices=plan.devices,
             tensorrt=plan.tensorrt,
         )
+        return Reshaped(runner, config) if any(reshapes(config)) else runner
 
     def _observer(self, model: str, version: int, statistics: VersionStatistics) -> Observer:
         metrics = self._metrics
