@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +14,7 @@ def register(app: typer.Typer) -> None:
 
 
 def serve(
+    ctx: typer.Context,
     repository: Annotated[Path, typer.Option(help="Model repository to serve.", envvar="SWITCHYARD_REPOSITORY")] = Path(
         "model_repository"
     ),
@@ -56,6 +58,7 @@ def serve(
     from services.gateway.backends.triton import ConfigTransform
     from services.gateway.repository import RepositoryError
     from services.gateway.security import TlsError
+    from services.gateway.server import PortUnavailable
     from services.gateway.server import serve as run_server
     from services.gateway.settings import Settings
     from services.gateway.shaping.keys import ApiKeysError
@@ -83,9 +86,9 @@ def serve(
         for problem in exc.errors():
             if problem["loc"]:  # one variable's value
                 name = "SWITCHYARD_" + "_".join(str(part) for part in problem["loc"]).upper()
-                typer.echo(f"error: {name}: {problem['msg']} (got {problem.get('input')!r})", err=True)
+                _error(ctx, f"{name}: {problem['msg']} (got {problem.get('input')!r})")
             else:  # a rule across variables: its message names them
-                typer.echo(f"error: {str(problem['msg']).removeprefix('Value error, ')}", err=True)
+                _error(ctx, str(problem["msg"]).removeprefix("Value error, "))
         raise typer.Exit(2) from None
     transform: ConfigTransform | None = None
     if triton_local_cpu:
@@ -103,9 +106,22 @@ def serve(
         check_startup(settings)  # one clear line before any worker starts, as with one process
         code = supervise(settings, transform)
     except (
-        BackendNotImplemented, RepositoryError, StateError, ApiKeysError, LimitsError, TlsError, TracingError
+        BackendNotImplemented, RepositoryError, StateError, ApiKeysError, LimitsError, TlsError, TracingError,
+        PortUnavailable,
     ) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        _error(ctx, str(exc))
         raise typer.Exit(2) from exc
     if code:
         raise typer.Exit(code)
+
+
+def _error(ctx: typer.Context, message: str) -> None:
+    """One line on stderr; each variable the message names that one of serve's options also sets is named with the
+    option (``SWITCHYARD_PORT / --port``): the value may have come from either."""
+    flags = {param.envvar: param.opts[0] for param in ctx.command.params if isinstance(param.envvar, str)}
+
+    def with_option(found: re.Match[str]) -> str:
+        flag = flags.get(found[0])
+        return f"{found[0]} / {flag}" if flag else found[0]
+
+    typer.echo(f"error: {re.sub(r'SWITCHYARD_[A-Z0-9_]+', with_option, message)}", err=True)

@@ -103,6 +103,25 @@ def scan(repository: Path) -> dict[str, ModelEntry]:
     return {model_dir.name: read_entry(model_dir) for model_dir in layout.model_dirs(repository)}
 
 
+def emptiness(repository: Path) -> str | None:
+    """Why ``repository`` holds no model, for a warning at start (``None`` when it holds one). Not an error: a fresh
+    deployment may fill it later, and the repository poll loads the models that appear. Blocking: call off the
+    loop."""
+    if not repository.is_dir() or layout.model_dirs(repository):
+        return None  # a missing repository is scan()'s error
+    if (repository / layout.CONFIG_FILE).is_file():
+        return (
+            f"model repository {repository} holds a {layout.CONFIG_FILE} itself: it is a model folder, not a "
+            f"repository, so no model is served; point SWITCHYARD_REPOSITORY / --repository at its parent, "
+            f"{repository.resolve().parent}"
+        )
+    return (
+        f"model repository {repository} holds no model: expected a folder per model, each with a "
+        f"{layout.CONFIG_FILE} ({repository}/<model>/{layout.CONFIG_FILE}); nothing is served until one appears "
+        f"(the repository poll, SWITCHYARD_REPOSITORY_POLL_S, loads it)"
+    )
+
+
 def find(entries: Mapping[str, ModelEntry], model: str) -> ModelEntry:
     try:
         return entries[model]

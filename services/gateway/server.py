@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import socket
 
 import uvicorn
 from starlette.types import ASGIApp
+from uvicorn.config import STARTUP_FAILURE
 
 from services.gateway.app import create_app, preflight
 from services.gateway.backends.triton import ConfigTransform
+from services.gateway.repository import emptiness
 from services.gateway.rest.connections import ConnectionLimits, protocol_class
 from services.gateway.security import check_tls_files, server_tls
 from services.gateway.settings import Settings
@@ -70,10 +73,54 @@ def check_fd_limit(settings: Settings) -> None:
         )
 
 
+Listener = tuple[str, str, int]
+"""A listener's protocol, the setting naming its port, and the port."""
+
+
+class PortUnavailable(Exception):
+    """A listener's port cannot be bound (in use, privileged, not an address of this host): one line naming the
+    port and the variable that set it."""
+
+    def __init__(self, listener: Listener, host: str, error: OSError) -> None:
+        protocol, name, port = listener
+        reason = (error.strerror or str(error)).lower()
+        super().__init__(f"{protocol} cannot listen on {host}:{port}: {reason} (SWITCHYARD_{name.upper()}); choose a "
+                         "free port, or stop what holds this one")
+
+
+def listeners(settings: Settings) -> list[Listener]:
+    """HTTP's, then gRPC's unless gRPC is off."""
+    found = [("HTTP", "port", settings.port)]
+    return found + ([("gRPC", "grpc_port", settings.grpc_port)] if settings.grpc_port is not None else [])
+
+
+def check_ports(settings: Settings) -> None:
+    """Bind each listener's port once and let it go, so that a port in use stops the start with one line naming it,
+    before any model loads: uvicorn binds HTTP only after the lifespan, and a gRPC bind that fails inside the
+    lifespan ends in a traceback. (A port taken in the moment between stays possible; the listeners then fail as
+    before, later.)"""
+    for listener in listeners(settings):
+        if listener[2] == 0:  # the kernel picks a free port
+            continue
+        probe = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            # SO_REUSEADDR as the listeners have it: a previous run's connections in TIME_WAIT do not hold the port.
+            # No SO_REUSEPORT: a port another node's workers share counts as held.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((settings.host, listener[2]))
+        except OSError as exc:
+            raise PortUnavailable(listener, settings.host, exc) from None
+        finally:
+            probe.close()
+
+
 def check_startup(settings: Settings) -> None:
     """Raises ``RepositoryError`` / ``StateError`` / ``TlsError`` (one line each) when the gateway cannot start;
-    warns of a file descriptor limit too low for its connections."""
+    warns of a file descriptor limit too low for its connections, and of a repository with no model in it."""
     check_fd_limit(settings)
+    empty = emptiness(settings.repository)
+    if empty is not None:
+        log.warning("%s", empty)
     check_tls_files(settings)
     asyncio.run(preflight(settings))
 
@@ -83,4 +130,8 @@ def serve(settings: Settings, config_transform: ConfigTransform | None = None) -
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check_startup(settings)
     app = create_app(settings, config_transform=config_transform)
-    uvicorn.Server(uvicorn_config(settings, app)).run()
+    check_ports(settings)
+    server = uvicorn.Server(uvicorn_config(settings, app))
+    server.run()
+    if not server.started:  # the lifespan failed (its log says why): uvicorn returns as if it had served and stopped
+        raise SystemExit(STARTUP_FAILURE)  # as uvicorn.run exits

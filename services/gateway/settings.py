@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+MAX_PORT = 65535
+
 
 class Settings(BaseSettings):
     # The docstring under each field is its description: `switchyard settings` and docs/settings.md list them.
@@ -75,9 +77,10 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     """Interface the HTTP and gRPC listeners bind."""
     port: int = 8000
-    """HTTP port (KServe v2 REST, /metrics); 0 picks a free one."""
+    """HTTP port (KServe v2 REST, /metrics), 0 to 65535; 0 picks a free one."""
     grpc_port: int | None = 8001
-    """gRPC port (KServe v2 GRPCInferenceService); 0 picks a free one, None disables gRPC."""
+    """gRPC port (KServe v2 GRPCInferenceService), 0 to 65535 and not the HTTP port; 0 picks a free one, None
+    disables gRPC."""
     workers: int = 1
     """Worker processes serving the same HTTP and gRPC ports (``SO_REUSEPORT``), one event loop each; 0: one per
     core the process may use (its CPU affinity, within a container's CPU limit). They share one routing state
@@ -318,6 +321,21 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _ports_are_ports(self) -> Settings:
+        """The listeners take any int and wrap it (70000 listens on 4464) or fail deep in the resolver (a negative
+        one): refuse both here, naming the variable; 0 asks the kernel for a free port, as documented."""
+        for name in ("port", "grpc_port"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_PORT:
+                raise ValueError(
+                    f"SWITCHYARD_{name.upper()} must lie between 0 and {MAX_PORT} (0: a free port), got {value}"
+                )
+        if self.grpc_port is not None and self.grpc_port == self.port != 0:
+            raise ValueError(f"SWITCHYARD_PORT and SWITCHYARD_GRPC_PORT are both {self.port}: HTTP and gRPC each need "
+                             "a port of their own")
+        return self
+
+    @model_validator(mode="after")
     def _tls_settings_fit_together(self) -> Settings:
         """Refuse TLS settings that would silently do less than they say; the files are read at startup
         (``security/tls.py``), where a missing or mismatched one is refused naming the variable and the file."""
@@ -349,4 +367,4 @@ def pinned(settings: Settings) -> frozenset[str]:
 
 def _host_port(address: str) -> bool:
     host, _, port = address.rpartition(":")
-    return bool(host) and port.isascii() and port.isdigit() and 0 < int(port) < 65536
+    return bool(host) and port.isascii() and port.isdigit() and 0 < int(port) <= MAX_PORT

@@ -8,7 +8,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from services.gateway.tuning.candidates import Candidate, applied, current, unbatched
 from services.gateway.tuning.options import TuneOptions, TuneOptionsError
-from services.gateway.tuning.results import Measurement, Trial, best_p99_ms, pareto_front, winner
+from services.gateway.tuning.results import Measurement, Trial, best_p99_ms, contenders, pareto_front, winner
 from services.gateway.tuning.space import Curve, derive, screen
 
 # A model whose batches of 32 take 12 ms and of 1 take 1 ms: rows per second grow until 16.
@@ -115,3 +115,34 @@ def test_winner_averages_runs_and_needs_every_run_to_meet_slo_when_confirmed() -
     assert found.number == 1  # (1000 + 2000) / 2 beats 1200; and 2 broke the SLO when confirmed
     assert winner([first, second, confirmed_first], 10.0, [1, 8]) == first
     assert winner([first, second], 10.0, [1, 8]) == second
+
+
+def test_winner_is_a_confirmed_finalist_when_a_candidate_measured_once_scores_higher() -> None:
+    # A real run's figures: the finalists' confirmations came out lower (a shared CPU), and the third candidate's
+    # one run at 4 clients beat their averages; at 1 client it was three times slower than both.
+    fast, current_, third = measured(1, {1: 0.23, 4: 0.29}, 29436), measured(2, {1: 0.33, 4: 0.32}, 29405), measured(
+        3, {1: 2.93, 4: 0.29}, 29136
+    )
+    confirmations = [
+        Trial(4, 2, current_.candidate, False, (Measurement(4, 23470, 0, 1.0, 0.5, 1.28, 0.1),)),
+        Trial(5, 2, fast.candidate, False, (Measurement(4, 20081, 0, 1.0, 0.5, 3.0, 0.1),)),
+    ]
+    trials = [fast, current_, third, *confirmations]
+    assert contenders(trials) == [current_.candidate, fast.candidate]
+    assert winner(trials, 100.0, [1, 4]) == current_  # (29405 + 23470) / 2 beats (29436 + 20081) / 2
+    assert winner([fast, current_, third], 100.0, [1, 4]) == fast  # before any confirmation, every full run competes
+    # A confirmation may knock a finalist out, but never crowns a candidate measured once: with both finalists out
+    # (1.28 and 3 ms over a 1 ms SLO) there is no winner, though a third setting met 1 ms in its one run.
+    steady = measured(6, {1: 0.5, 4: 0.6}, 25000)
+    assert winner([*trials, steady], 2.0, [1, 4]) == current_
+    assert winner([*trials, steady], 1.0, [1, 4]) is None
+
+
+def test_winner_breaks_a_throughput_tie_by_worst_p99_over_every_run_when_finalists_tie() -> None:
+    first, second = measured(1, {1: 2, 8: 3}, 1000), measured(2, {1: 4, 8: 5}, 1000)
+    trials = [
+        first, second,
+        Trial(3, 2, first.candidate, False, (Measurement(8, 1000, 0, 1.0, 4, 9, 0.1),)),  # its worst run: 9 ms
+        Trial(4, 2, second.candidate, False, (Measurement(8, 1000, 0, 1.0, 4, 6, 0.1),)),
+    ]
+    assert winner(trials, 10.0, [1, 8]) == second  # 6 ms at worst beats 9, though first's first run was quicker

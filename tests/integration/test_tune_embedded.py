@@ -50,9 +50,11 @@ def test_tune_writes_winner_meeting_slo_when_search_runs_on_embedded_backend(rep
     assert [m["concurrency"] for m in winner["measurements"]] == [1, 4]
     runs = [t for t in trials if t["label"] == winner["label"] and t["round"] >= 1]
     assert all(m["p99_ms"] <= 200 and m["errors"] == 0 and m["requests"] > 0 for t in runs for m in t["measurements"])
-    # The winner's throughput at 4 clients, averaged over its runs, is the best of the settings that met the SLO.
+    # The winner's throughput at 4 clients, averaged over its runs, is the best of the settings that met the SLO
+    # among the finalists measured again (or every fully measured setting when none was): never one measured less.
+    confirmed = {t["label"] for t in trials if t["round"] == 2}
     mean_at_top = {}
-    for label in {t["label"] for t in full}:
+    for label in confirmed or {t["label"] for t in full}:
         runs = [t for t in trials if t["label"] == label and t["round"] >= 1]
         if all(m["p99_ms"] <= 200 and not m["errors"] for t in runs for m in t["measurements"]):
             seen = [m["throughput"] for t in runs for m in t["measurements"] if m["concurrency"] == 4]

@@ -67,6 +67,10 @@ class GatewayServer:
         await self.server.stop(grace_s)
 
 
+class GrpcListenError(RuntimeError):
+    """The gRPC listener could not bind its address; the message names the address and the settings."""
+
+
 def receive_limit(max_message_bytes: int) -> int:
     """What gRPC itself accepts: twice the gateway's limit (at least 1 MiB more), within gRPC's int32 option."""
     return min(max_message_bytes + max(max_message_bytes, 1 << 20), 2**31 - 1)
@@ -138,9 +142,15 @@ the certificate read again before a handshake when its files changed; None: plai
     health = HealthService(dataplane, interval_s=health_interval_s, max_watches=health_max_watches)
     health_pb2_grpc.add_HealthServicer_to_server(health, GenericHandlersOnly(server))
     address = f"{host}:{port}"
-    if tls is None:
-        bound = server.add_insecure_port(address)
-    else:
-        bound = server.add_secure_port(address, tls.grpc_credentials())
+    try:
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, tls.grpc_credentials())
+    except RuntimeError as exc:  # gRPC says only "Failed to bind to address ...; set GRPC_VERBOSITY=debug"
+        raise GrpcListenError(
+            f"gRPC cannot listen on {address}: the port is in use, or the address is not one of this host's "
+            "(SWITCHYARD_GRPC_PORT / --grpc-port, SWITCHYARD_HOST / --host)"
+        ) from exc
     await server.start()
     return GatewayServer(server, health, streams), bound

@@ -125,15 +125,29 @@ def score(trials: Sequence[Trial], candidate: Candidate, top_level: int) -> floa
     return sum(seen) / len(seen) if seen else 0.0
 
 
+def worst_p99_ms(trials: Sequence[Trial], candidate: Candidate) -> float:
+    """The candidate's highest p99 over every level of every run (screening aside): how its SLO is judged."""
+    return max((t.worst_p99_ms for t in trials if t.candidate == candidate and t.round >= 1), default=float("inf"))
+
+
+def contenders(trials: Sequence[Trial]) -> list[Candidate]:
+    """Who may win: the finalists, once any was measured again (round 2); before that, or in a run without
+    confirmations (``--candidate``, a budget too small for them), every candidate measured at every level.
+
+    A candidate measured once is never ranked against finalists measured twice: its one lucky run would weigh as
+    much as their two, and a confirmation that came out lower would crown it. Among the finalists the comparison
+    is even, each with one full run and one confirmation."""
+    confirmed = [t.candidate for t in trials if t.round == 2]
+    measured = confirmed or [t.candidate for t in trials if t.round == 1 and t.error is None]
+    return list(dict.fromkeys(measured))
+
+
 def winner(trials: Sequence[Trial], p99_ms: float, levels: Sequence[int]) -> Trial | None:
-    """The highest throughput at the highest level (averaged over its runs) among candidates meeting the SLO at
-    every level in every run; its first full run stands for it."""
-    firsts: dict[Candidate, Trial] = {}
-    for trial in trials:
-        if trial.round == 1 and trial.error is None:
-            firsts.setdefault(trial.candidate, trial)
-    meeting = [t for c, t in firsts.items() if qualifies(trials, c, p99_ms, levels)]
-    return max(meeting, key=lambda t: (score(trials, t.candidate, levels[-1]), -t.worst_p99_ms), default=None)
+    """Among the contenders meeting the SLO at every level in every run, the highest throughput at the highest
+    level (averaged over its runs), then the lowest worst p99; its first full run stands for it."""
+    meeting = [c for c in contenders(trials) if qualifies(trials, c, p99_ms, levels)]
+    best = max(meeting, key=lambda c: (score(trials, c, levels[-1]), -worst_p99_ms(trials, c)), default=None)
+    return next((t for t in trials if t.candidate == best and t.round == 1 and t.error is None), None)
 
 
 def pareto_front(trials: Sequence[Trial]) -> list[Trial]:

@@ -116,7 +116,13 @@ class Search:
         reserve = min((FINALISTS + 1) * top_cost, max(self._left() - 2 * full_cost, 0.0))
         await self._measure(order, defaults, reserve_s=reserve)
         self.state.phase = "confirming the finalists at the highest concurrency"
-        for candidate in reversed(self._finalists(defaults)):  # the other order than their first runs: drift evens out
+        finalists = self._finalists(defaults)
+        fits = int(self._left() // top_cost)
+        # The winner comes from the confirmed finalists (results.contenders), so a finalist left unconfirmed for want
+        # of budget could not win: confirm the best ones the budget fits (the current settings, ranked last, drop
+        # first), and none when it fits fewer than two to compare, leaving the first full runs to decide.
+        finalists = finalists[:fits] if fits >= min(len(finalists), FINALISTS) else []
+        for candidate in reversed(finalists):  # the other order than their first runs: drift evens out
             if self._left() < top_cost:
                 break
             await self._trial(2, candidate, candidate == defaults, top, self._options.duration_s)

@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from types import FrameType
 
 import httpx
 
+from services.gateway.server import PortUnavailable, check_ports, listeners
 from services.gateway.settings import Settings
 from services.gateway.shaping.node_share import NodeShare
 from services.gateway.workers.entry import start_worker
@@ -88,14 +90,14 @@ def worker_count(asked: int, cgroup: Path = Path("/sys/fs/cgroup/cpu.max")) -> i
 class Supervisor:
     def __init__(self, settings: Settings, config_transform: ConfigTransform | None = None) -> None:
         self._count = worker_count(settings.workers)
-        self._folder = node_folder()
-        self._reservations = [reuseport_socket(settings.host, settings.port)]
+        # The reservations share their ports with SO_REUSEPORT, so they would share them with another node of this
+        # user too: the check (without it) finds a port anyone holds, before the node's folder is made.
+        check_ports(settings)
+        self._reservations = _reserve(settings)
         http_port = self._reservations[0].getsockname()[1]
-        grpc_port = settings.grpc_port
-        if grpc_port is not None:
-            self._reservations.append(reuseport_socket(settings.host, grpc_port))
-            grpc_port = self._reservations[1].getsockname()[1]
+        grpc_port = self._reservations[1].getsockname()[1] if len(self._reservations) > 1 else None
         self.http_port, self.grpc_port = http_port, grpc_port
+        self._folder = node_folder()
         self._settings = settings.model_copy(update={"port": http_port, "grpc_port": grpc_port,
                                                      "workers": self._count})
         self._transform = config_transform
@@ -215,6 +217,19 @@ class Supervisor:
                 log.error("worker pid %s did not stop within %.0f s; killing it", process.pid, STOP_TIMEOUT_S)
                 process.kill()
                 process.join(5)
+
+
+def _reserve(settings: Settings) -> list[socket.socket]:
+    """The node's HTTP port, then its gRPC port unless gRPC is off; ``PortUnavailable`` naming the one that failed."""
+    reserved: list[socket.socket] = []
+    for listener in listeners(settings):
+        try:
+            reserved.append(reuseport_socket(settings.host, listener[2]))
+        except OSError as exc:  # taken since check_ports looked
+            for sock in reserved:
+                sock.close()
+            raise PortUnavailable(listener, settings.host, exc) from None
+    return reserved
 
 
 def _how(process: BaseProcess) -> str:
