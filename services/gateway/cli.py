@@ -37,8 +37,10 @@ def serve(
     host: Annotated[str, typer.Option(help="Interface to bind.", envvar="SWITCHYARD_HOST")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="HTTP port (KServe v2 REST, /metrics).", envvar="SWITCHYARD_PORT")] = 8000,
     grpc_port: Annotated[
-        int, typer.Option(help="gRPC port (KServe v2 GRPCInferenceService).", envvar="SWITCHYARD_GRPC_PORT")
-    ] = 8001,
+        str,
+        typer.Option(help="gRPC port (KServe v2 GRPCInferenceService); off: no gRPC listener.",
+                     envvar="SWITCHYARD_GRPC_PORT"),
+    ] = "8001",
     workers: Annotated[
         int,
         typer.Option(help="Worker processes sharing the ports (one event loop each); 0: one per core.",
@@ -79,7 +81,7 @@ def serve(
             triton_http_url=triton_http_url,
             host=host,
             port=port,
-            grpc_port=grpc_port,
+            grpc_port=grpc_port,  # type: ignore[arg-type]  # "off" or a number: the setting reads it
             workers=workers,
         )
     except ValidationError as exc:

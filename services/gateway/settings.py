@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import SecretStr, model_validator
+from pydantic import SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MAX_PORT = 65535
@@ -79,8 +79,8 @@ class Settings(BaseSettings):
     port: int = 8000
     """HTTP port (KServe v2 REST, /metrics), 0 to 65535; 0 picks a free one."""
     grpc_port: int | None = 8001
-    """gRPC port (KServe v2 GRPCInferenceService), 0 to 65535 and not the HTTP port; 0 picks a free one, None
-    disables gRPC."""
+    """gRPC port (KServe v2 GRPCInferenceService), 0 to 65535 and not the HTTP port; 0 picks a free one, ``off``
+    serves no gRPC."""
     workers: int = 1
     """Worker processes serving the same HTTP and gRPC ports (``SO_REUSEPORT``), one event loop each; 0: one per
     core the process may use (its CPU affinity, within a container's CPU limit). They share one routing state
@@ -334,6 +334,14 @@ class Settings(BaseSettings):
             raise ValueError(f"SWITCHYARD_PORT and SWITCHYARD_GRPC_PORT are both {self.port}: HTTP and gRPC each need "
                              "a port of their own")
         return self
+
+    @field_validator("grpc_port", mode="before")
+    @classmethod
+    def _grpc_off(cls, value: object) -> object:
+        """``off`` (or ``none``) as the environment or ``--grpc-port`` spell "no gRPC listener"."""
+        if isinstance(value, str) and value.strip().lower() in ("off", "none"):
+            return None
+        return value
 
     @model_validator(mode="after")
     def _tls_settings_fit_together(self) -> Settings:

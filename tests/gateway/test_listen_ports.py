@@ -127,3 +127,10 @@ def test_startup_warns_naming_the_path_when_repository_has_no_model(
     double_repository(root)
     check_startup(Settings(repository=root, state_path=tmp_path / "state" / "routing.json"))
     assert not [r for r in caplog.records if "model repository" in r.getMessage()]  # a repository with a model
+
+
+@pytest.mark.parametrize("spelled", ["off", "OFF", "none"])
+def test_grpc_port_off_serves_no_grpc(tmp_path: Path, spelled: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings(repository=tmp_path, grpc_port=spelled).grpc_port is None  # type: ignore[arg-type]
+    monkeypatch.setenv("SWITCHYARD_GRPC_PORT", spelled)
+    assert Settings(repository=tmp_path).grpc_port is None
