@@ -5,6 +5,7 @@ are not limited by it) and ``concurrency`` caps its requests in flight across it
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from scripted_backend import ScriptedBackend
 from tritonclient.grpc import service_pb2
 
 from services.gateway.settings import Settings
-from services.gateway.shaping.keys import VERIFICATIONS_PER_S
+from services.gateway.shaping import shaper as shaper_module
+from services.gateway.shaping.keys import VERIFICATIONS_PER_S, ApiKeys
 from services.keyfile.format import KeyEntry, hash_secret, presented_key, write_entries
 
 BODY = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
@@ -131,19 +133,24 @@ async def test_a_changed_concurrency_is_in_force_after_the_reload(
 
 
 async def test_a_flood_of_made_up_secrets_is_counted_as_key_flood_not_against_the_key_it_names(
-    backend: ScriptedBackend, registry: CollectorRegistry, settings: Settings, tmp_path: Path
+    backend: ScriptedBackend, registry: CollectorRegistry, settings: Settings, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Past the hashes a second the gateway spends on new secrets, the rest get 429 without a hash: the key's own
     rate limit did not refuse them, and its id is whatever the sender wrote, so neither is charged with them."""
+    # The keys' clock stands still: the verification bucket does not refill however slowly the requests run.
+    frozen = time.monotonic()
+    monkeypatch.setattr(shaper_module, "build_api_keys",
+                        lambda s: ApiKeys(s.api_keys, s.api_keys_file, clock=lambda: frozen))
     async with gateway(backend, registry, settings, keys_file(tmp_path)) as (http, _):
         answers = [
             await http.post("/v2/models/double/infer", json=BODY,
                             headers={"x-api-key": presented_key("free", f"made-up-{n}")})
-            for n in range(VERIFICATIONS_PER_S * 2)
+            for n in range(VERIFICATIONS_PER_S + 5)
         ]  # fmt: skip
 
     flooded = [answer for answer in answers if answer.status_code == 429]
-    assert flooded
+    assert len(flooded) == 5
     assert {answer.status_code for answer in answers} == {401, 429}
     assert flooded[0].json()["error"].startswith("too many new API keys to verify at once")
     assert registry.get_sample_value("switchyard_rejected_total", {"model": "double", "reason": "key_flood"}) == len(
