@@ -9,6 +9,7 @@ batch dimension first; ``outputs.npz`` is what eager PyTorch produced for ``inpu
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zipfile
 from dataclasses import asdict, dataclass, field
@@ -95,6 +96,42 @@ def is_released(version_dir: Path) -> bool:
     except (OSError, ValueError):
         return True
     return not (isinstance(data, dict) and data.get("released") is False)
+
+
+NO_MANIFEST = "no manifest"
+"""The export identity of a version folder the exporter did not write (put there by hand, as for Triton)."""
+
+
+def export_identity(version_dir: Path) -> str | None:
+    """Which export ``version_dir`` holds, in one line for routing records and messages: the model file's sha256 as
+    the manifest recorded it, and when it was exported (``model.onnx sha256:1f2e3d4c5b6a7980 exported
+    2026-12-04T10:00:00+00:00``); a new export of the same number differs by its time even when its bytes do not.
+
+    Only the small manifest is read, never the model file: a start costs the same whatever the model's size. It
+    trusts the manifest: a model file swapped by hand under an untouched manifest goes unnoticed (the manifest's own
+    hashes then no longer match its files). The exporter never does that, and whoever can write the repository can
+    serve anything anyway; this tells an export apart from another one, it does not defend against the operator.
+    ``NO_MANIFEST`` for a folder without one (two hand-placed folders look alike: the number is trusted, as Triton
+    does); a manifest without the artifact's hash is named by a hash of its own bytes; ``None`` when the manifest
+    cannot be read now (nothing can be said). Blocking: call off the loop."""
+    try:
+        raw = (version_dir / MANIFEST_FILE).read_bytes()
+    except FileNotFoundError:
+        return NO_MANIFEST
+    except OSError:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    artifact = data.get("artifact") if isinstance(data, dict) else None
+    files = data.get("files") if isinstance(data, dict) else None
+    digest = files.get(artifact) if isinstance(files, dict) and isinstance(artifact, str) else None
+    if not isinstance(digest, str) or not digest:
+        return f"{MANIFEST_FILE} sha256:{hashlib.sha256(raw).hexdigest()[:16]}"
+    created = data.get("created_at") if isinstance(data, dict) else None
+    exported = f" exported {created}" if isinstance(created, str) and created else ""
+    return f"{artifact} sha256:{digest[:16]}{exported}"
 
 
 def read_samples(version_dir: Path, relative: str) -> dict[str, npt.NDArray[Any]]:

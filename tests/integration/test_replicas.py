@@ -102,6 +102,12 @@ def test_replicas_follow_each_other_and_survive_restarts_and_a_redis_outage(
     a.start()
     b.start()
     assert (stable(a, "mlp"), stable(b, "mlp"), stable(a, "classifier"), stable(b, "classifier")) == (1, 1, 1, 1)
+    # The record names the exports it routes to, through Redis and back: the same files, the same routing.
+    exports = [httpx.get(f"http://{g.http_url}/admin/models/mlp", headers=ADMIN).json()["routing"]["exports"]
+               for g in (a, b)]
+    assert exports[0] == exports[1]
+    assert set(exports[0]) == {"1", "2"}, exports
+    assert all(" sha256:" in identity and " exported " in identity for identity in exports[0].values()), exports
 
     redis.kill()
     assert served(a) == served(b) == "1"  # the last routing known keeps serving

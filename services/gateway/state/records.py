@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeGuard
 
@@ -36,11 +37,33 @@ class RoutingRecord:
     activation routes the model again (``stable`` is kept: the version a rollback or the audit log refers to)."""
     inference_log: InferenceLogPolicy | None = None
     """The model's own inference-log sample and redactions (``None``: the gateway's settings)."""
+    exports: Mapping[int, str] = field(default_factory=dict, hash=False)
+    """Which export each version the record names (stable, previous, canary, shadow) held when the record named it
+    (``services.modelrepo.manifest.export_identity``): a version number can be reused by another export, which no
+    start or rollback may take for the one that was activated. Empty in records from before it: their numbers are
+    trusted, as they always were."""
+
+    def named(self) -> set[int]:
+        """The versions the record routes to or may roll back to: what ``exports`` covers."""
+        named = {self.stable}
+        for version in (self.previous, self.canary_version, self.shadow_version):
+            if version is not None:
+                named.add(version)
+        return named
+
+    @property
+    def canary_version(self) -> int | None:
+        return None if self.canary is None else self.canary.version
+
+    @property
+    def shadow_version(self) -> int | None:
+        return None if self.shadow is None else self.shadow.version
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["loaded"] = list(self.loaded)
         data["inference_log"] = None if self.inference_log is None else self.inference_log.to_json()
+        data["exports"] = {str(version): self.exports[version] for version in sorted(self.exports)}
         return data
 
     def but(self, **changes: Any) -> RoutingRecord:
@@ -83,7 +106,9 @@ class RoutingRecord:
         logged = data.get("inference_log")
         inference_log = InferenceLogPolicy.from_json(logged) if logged is not None else None
         versions = tuple(sorted(set(loaded)))
-        return cls(stable, previous, generation, updated_at, canary, shadow, versions, unloaded, inference_log)
+        exports = _exports(data.get("exports", {}))
+        return cls(stable, previous, generation, updated_at, canary, shadow, versions, unloaded, inference_log,
+                   exports)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +141,16 @@ class Event:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Event:
         return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
+
+
+def _exports(raw: object) -> dict[int, str]:
+    """A record's ``exports``: version numbers (JSON keys are strings) to export identities."""
+    if not isinstance(raw, dict) or not all(
+        isinstance(key, str) and key.isascii() and key.isdigit() and isinstance(value, str) and value
+        for key, value in raw.items()
+    ):
+        raise ValueError(f"'exports' must map version numbers to export identities, got {raw!r}")
+    return {int(key): value for key, value in raw.items()}
 
 
 def _version(value: object) -> TypeGuard[int]:

@@ -5,7 +5,7 @@ them, is the only module that knows them all: the imports run one way (docs/arch
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -88,7 +88,12 @@ class VersionContext(Protocol):
         self, model: str, *, plus: set[int] | None = None, minus: set[int] | None = None
     ) -> tuple[int, ...]: ...
 
-    async def commit_routing(self, model: str, record: RoutingRecord) -> None: ...
+    async def commit_routing(
+        self, model: str, record: RoutingRecord, *, fresh: Collection[int] = ...
+    ) -> RoutingRecord:
+        """Persist and route by ``record``, naming the export of each version it routes to (``fresh``: the versions
+        the action has just loaded from disk); the record as committed."""
+        ...
 
     def set_routing(self, model: str, record: RoutingRecord) -> None: ...
 

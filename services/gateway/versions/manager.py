@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Collection, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,6 +24,7 @@ from services.gateway.state.records import now_iso
 from services.gateway.tensors.types import VersionState
 from services.gateway.versions.comparison import compare_versions
 from services.gateway.versions.context import OnDemand
+from services.gateway.versions.exports import on_disk, replaced, stamped
 from services.gateway.versions.follow import poll, scan_repository
 from services.gateway.versions.leases import Leases
 from services.gateway.versions.node import NodeWorkers
@@ -167,6 +168,14 @@ class VersionManager:
             record = self.router.record(model)
             if record is None or record.previous is None:
                 raise Conflict(f"model '{model}' has no previous version to roll back to")
+            entry = self.catalog.entry(model)
+            why = replaced(record, await asyncio.to_thread(on_disk, entry, {record.previous}), record.previous)
+            if why is not None:
+                # A rollback returns to what served before; another export under its number never served here.
+                raise Conflict(
+                    f"model '{model}' cannot roll back to version {record.previous}: its files on disk are {why}; "
+                    f"activate it to serve this export (switchyard models activate {model} {record.previous})"
+                )
             steps.progress.version = record.previous
             return await self._switch(model, record.previous, steps, keep_previous, drain_timeout_s, compare, actor)
 
@@ -204,7 +213,8 @@ class VersionManager:
                 routed = record.switched_to(version) if record is not None else RoutingRecord(stable=version)
                 dropped = {old} if old is not None and not keep_previous else set()
                 routed = dataclasses.replace(routed, loaded=self.loaded_now(model, plus={version}, minus=dropped))
-                await self.commit_routing(model, routed)
+                # Loaded by this action: its export is the one on disk now; else the one it was loaded as.
+                routed = await self.commit_routing(model, routed, fresh={version} if warmed is not None else ())
         except GatewayError as exc:
             if warmed is not None and self.backend.state(model, version) is not None:
                 await self.quietly(self.backend.unload(model, version), f"unloading version {version}")
@@ -348,9 +358,14 @@ class VersionManager:
         """This gateway's lock of one model's actions (the store's lock covers the other gateways)."""
         return self._locks.setdefault(model, asyncio.Lock())
 
-    async def commit_routing(self, model: str, record: RoutingRecord) -> None:
+    async def commit_routing(
+        self, model: str, record: RoutingRecord, *, fresh: Collection[int] = ()
+    ) -> RoutingRecord:
         """Persist ``record`` (durable first: a crash right after keeps either routing), then route by it; 503 when
-        the state store cannot take it, and then nothing changed."""
+        the state store cannot take it, and then nothing changed. The record names the export of every version it
+        routes to (``exports.stamped``): the ``fresh`` versions the action has just loaded from disk, the others as
+        the record they follow named them. The record as committed."""
+        record = await stamped(self.catalog.entry(model), record, fresh)
         try:
             await self.store.save_routing(model, record)
         except StateError as exc:
@@ -362,6 +377,7 @@ class VersionManager:
             if progress is not None:
                 for worker, seconds in followed.items():
                     progress.workers.setdefault(str(worker), {}).update(seconds)
+        return record
 
     def set_routing(self, model: str, record: RoutingRecord) -> None:
         self.router.set(model, record)

@@ -13,6 +13,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.state import RoutingRecord
 from services.gateway.tensors.types import VersionState
 from services.gateway.versions.context import VersionContext
+from services.gateway.versions.exports import on_disk, replaced
 from services.gateway.versions.progress import Progress, Steps
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ async def _adopt(manager: VersionContext, model: str, record: RoutingRecord) -> 
     try:
         if model not in manager.catalog.entries:
             await asyncio.to_thread(manager.catalog.scan)
+        _same_exports(record, await asyncio.to_thread(on_disk, manager.catalog.entry(model), needed))
         if manager.backend.shared_server:
             await manager.backend.adopt(model, target)
             missing = sorted(v for v in needed if manager.backend.state(model, v) is not VersionState.READY)
@@ -87,6 +89,14 @@ async def _adopt(manager: VersionContext, model: str, record: RoutingRecord) -> 
     if (kept_by_record or record.unloaded) and not manager.backend.shared_server:
         await _unload_extras(manager, model, target)
     return None
+
+
+def _same_exports(record: RoutingRecord, disk: dict[int, str]) -> None:
+    """Refuse to serve a routing whose versions are other exports in this gateway's repository than in the one of
+    the gateway that set it (a copy of the repository out of step): the same number would answer differently here."""
+    other = [f"version {v}'s files here are {why}" for v in sorted(disk) if (why := replaced(record, disk, v))]
+    if other:
+        raise GatewayError(f"this gateway's repository holds other exports: {'; '.join(other)}", 503)
 
 
 async def _unload_extras(manager: VersionContext, model: str, keep: set[int]) -> None:

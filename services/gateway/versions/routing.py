@@ -111,7 +111,11 @@ class Router:
         problem = self.problem(model, version)
         if state is None and pinned and problem is None:  # a version that failed to load is known, as in Triton
             loaded = ", ".join(str(v) for v in sorted(self._backend.models().get(model, {}))) or "none"
-            raise unknown_version(model, version, f"loaded versions: {loaded}")
+            detail = f"loaded versions: {loaded}"
+            if version in self._catalog.entries[model].available:  # Triton says "not found" alike: say which it is
+                detail += (f"; version {version} is in the repository but not loaded: "
+                           f"switchyard models load {model} {version} (or activate it)")
+            raise unknown_version(model, version, detail)
         detail = "warming up" if state is VersionState.READY else (state or VersionState.UNAVAILABLE).value.lower()
         raise version_not_ready(model, version, f"{detail}: {problem}" if problem else detail)
 

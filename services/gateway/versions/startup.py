@@ -11,6 +11,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.state import Event, RoutingRecord, StateError
 from services.gateway.tensors.types import VersionState
 from services.gateway.versions.context import VersionContext
+from services.gateway.versions.exports import Checked, check, stamped
 from services.gateway.versions.first_stable import first_stable
 from services.gateway.versions.progress import GATEWAY, Progress, Steps
 
@@ -21,6 +22,7 @@ async def start_models(manager: VersionContext) -> None:
     records = dict(await manager.store.load_routing())
     await asyncio.to_thread(manager.catalog.scan)
     initial: dict[str, set[int]] = {}
+    checks: dict[str, Checked] = {}
     for name, entry in manager.catalog.entries.items():
         if entry.problem is not None or not entry.available:
             log.error("model '%s' is unavailable: %s", name, entry.problem or f"no version folder in {entry.path}")
@@ -29,15 +31,20 @@ async def start_models(manager: VersionContext) -> None:
         if record is not None and record.unloaded:  # stays unloaded, as Triton keeps a model it was told to unload
             await _route_unloaded(manager, name, record, set(entry.available))
             continue
+        replaced_stable = False
+        if record is not None:
+            # A version folder replaced by another export (the model deleted and exported again) is not what the
+            # routing chose: it is neither loaded nor routed for the record's sake.
+            checks[name] = await asyncio.to_thread(check, entry, record)
+            record, replaced_stable = checks[name].record, checks[name].stable is not None
         # What the version policy selects (as Triton would load), plus what the record says the replicas keep
         # loaded: a version exported since, which the policy selects, loads on a restart as on a first start.
         recorded = set(record.loaded) & set(entry.available) if record is not None else set()
         wanted = recorded | set(entry.selected)
         if record is not None:
-            named = (record.stable, record.previous, record.canary and record.canary.version,
-                     record.shadow and record.shadow.version)
-            wanted |= {v for v in named if v is not None and v in entry.available}
-        if record is None or record.stable not in entry.available:
+            named = record.named() - ({record.stable} if replaced_stable else set())
+            wanted |= named & set(entry.available)
+        if record is None or record.stable not in entry.available or replaced_stable:
             wanted |= set(first_stable(entry).candidates)  # the latest released one, when the policy passed it over
         initial[name] = wanted
     cache = manager.cache
@@ -45,11 +52,11 @@ async def start_models(manager: VersionContext) -> None:
     await manager.backend.start({name: versions for name, versions in initial.items() if name not in on_demand})
     for name, versions in initial.items():
         if name in on_demand:  # routed now, loaded on its first request (the model cache)
-            await _route(manager, name, records.get(name), versions, cold=True)
+            await _route(manager, name, checks.get(name), versions, cold=True)
             continue
         for version in sorted(versions):
             await _warm(manager, name, version)
-        await _route(manager, name, records.get(name), versions)
+        await _route(manager, name, checks.get(name), versions)
 
 
 async def _warm(manager: VersionContext, model: str, version: int) -> None:
@@ -66,26 +73,36 @@ async def _warm(manager: VersionContext, model: str, version: int) -> None:
 
 
 async def _route(
-    manager: VersionContext, model: str, record: RoutingRecord | None, versions: set[int], *, cold: bool = False
+    manager: VersionContext, model: str, checked: Checked | None, versions: set[int], *, cold: bool = False
 ) -> None:
-    """The persisted routing when its stable version is still on disk (``versions`` holds it then), less the other
-    versions it names that are not; else the highest version that loaded among those the policy selects (the
-    policy's own choice when none did, e.g. Triton is still down). A version missing from disk is never carried
-    into the routing: the repair is persisted, logged and in the audit log. ``cold``: nothing was loaded (the model
-    cache loads it on demand), so the policy's choice among the versions on disk."""
-    error = None
+    """The persisted routing when its stable version is still on disk (``versions`` holds it then) and still the
+    export it names, less the other versions it names that are not; else the highest version that loaded among those
+    the policy selects (the policy's own choice when none did, e.g. Triton is still down). A version missing from disk
+    or replaced by another export is never carried into the routing: the repair is persisted, logged and in the audit
+    log. ``cold``: nothing was loaded (the model cache loads it on demand), so the policy's choice among the versions
+    on disk."""
+    record = checked.record if checked is not None else None
+    errors = [f"dropped from the persisted routing: {checked.dropped}"] if checked and checked.dropped else []
     entry = manager.catalog.entry(model)
-    if record is not None and record.stable in versions:
+    if record is not None and checked is not None and checked.stable is None and record.stable in versions:
         repaired, dropped = _on_disk(record, set(entry.available))
         if dropped:
-            error = f"the persisted routing names {dropped}, gone from the repository: dropped from it"
-            await _persist(manager, model, repaired, error)
+            errors.insert(0, f"the persisted routing names {dropped}, gone from the repository: dropped from it")
+        if errors:
+            repaired = await _persist(manager, model, repaired, "; ".join(errors))
         log.info("model '%s': stable version %d, from the persisted routing (generation %d)", model,
                  repaired.stable, repaired.generation)
         manager.set_routing(model, repaired)
         return
-    if record is not None:
-        error = f"the persisted stable version {record.stable} is gone from the repository"
+    why = "no routing state"
+    if record is not None and checked is not None and checked.stable is not None:
+        why = "the persisted stable version is another export now"
+        errors.insert(0, f"the persisted stable version {record.stable} is not the export that was activated: its "
+                         f"files on disk are {checked.stable}; unversioned requests do not go to it (activate it to "
+                         "serve this export)")
+    elif record is not None:
+        why = "the persisted stable version is gone"
+        errors.insert(0, f"the persisted stable version {record.stable} is gone from the repository")
     choice = first_stable(entry)
     serving = [v for v in choice.candidates if cold or manager.backend.state(model, v) is VersionState.READY]
     if not serving and manager.router.problem(model) is not None:
@@ -95,20 +112,21 @@ async def _route(
         log.error("model '%s' serves no unversioned request: %s", model, choice.rule)
         manager.router.unrouted(model, choice.rule)
         return
-    log.info("model '%s': %s; stable version %d, %s", model,
-             "no routing state" if record is None else "the persisted stable version is gone", stable, choice.rule)
-    # The stable version the record named is not on disk (else it would route): it cannot be the one to roll
-    # back to. The record's own previous version can, while it is still there.
+    log.info("model '%s': %s; stable version %d, %s", model, why, stable, choice.rule)
+    # The stable version the record named is not on disk, or not the export it named (else it would route): it
+    # cannot be the one to roll back to. The record's own previous version can, while it is still there.
     previous = record.previous if record is not None else None
+    previous = previous if previous in entry.available and previous != stable else None
     routed = RoutingRecord(
         stable=stable,
-        previous=previous if previous in entry.available and previous != stable else None,
+        previous=previous,
         generation=record.generation + 1 if record is not None else 1,
         loaded=manager.loaded_now(model),
+        # The previous version's export is the one that served, checked above; the stable one's is read from disk.
+        exports={v: identity for v, identity in record.exports.items() if v == previous} if record else {},
     )
-    if error:
-        error = f"{error}; serving version {stable}"
-    await _persist(manager, model, routed, error, rule=choice.rule)
+    error = f"{'; '.join(errors)}; serving version {stable}" if errors else None
+    routed = await _persist(manager, model, routed, error, rule=choice.rule)
     manager.set_routing(model, routed)
 
 
@@ -117,8 +135,8 @@ async def _route_unloaded(manager: VersionContext, model: str, record: RoutingRe
     audit log refers to, routed to by nothing until a load)."""
     repaired, dropped = _on_disk(record, available)
     if dropped:
-        await _persist(manager, model, repaired, f"the persisted routing names {dropped}, gone from the repository: "
-                                                 "dropped from it")
+        repaired = await _persist(manager, model, repaired, f"the persisted routing names {dropped}, gone from the "
+                                                            "repository: dropped from it")
     manager.set_routing(model, repaired)
 
 
@@ -145,9 +163,11 @@ def _on_disk(record: RoutingRecord, available: set[int]) -> tuple[RoutingRecord,
 
 async def _persist(
     manager: VersionContext, model: str, routed: RoutingRecord, error: str | None, *, rule: str | None = None
-) -> None:
-    """Save the routing startup chose, and say why when it is not what the store held (``rule``: which rule chose
-    the stable version, when no routing state did)."""
+) -> RoutingRecord:
+    """Save the routing startup chose, naming the export of each version it routes to, and say why when it is not
+    what the store held (``rule``: which rule chose the stable version, when no routing state did). The record as
+    saved."""
+    routed = await stamped(manager.catalog.entry(model), routed)
     try:
         await manager.store.save_routing(model, routed)
     except StateError as exc:
@@ -156,3 +176,4 @@ async def _persist(
         log.error("model '%s': %s", model, error)
     await manager.record(Event("startup", model, "ok", {"stable": routed.stable}, error=error, actor=GATEWAY,
                                generation=routed.generation, detail={"rule": rule} if rule else {}))
+    return routed

@@ -18,6 +18,7 @@ from services.gateway.errors import Conflict, GatewayError, InvalidInput
 from services.gateway.state import Event, RoutingRecord
 from services.gateway.state.policies import CanaryPolicy, InferenceLogPolicy, ShadowPolicy
 from services.gateway.state.records import now_iso
+from services.gateway.tensors.types import VersionState
 from services.gateway.versions.comparison import compare_versions
 from services.gateway.versions.context import VersionContext
 from services.gateway.versions.progress import GATEWAY, ActionReport, Steps
@@ -82,10 +83,13 @@ async def _set_policy(
             return await _commit(manager, steps, record.but(**{kind: None}), actor, {kind: None})
         if policy.version == record.stable:
             raise InvalidInput(f"version {policy.version} is the stable version of model '{model}'; pick another")
+        # Loaded by this action: its export is the one on disk now; else the one it was loaded as.
+        fresh = () if manager.backend.state(model, policy.version) is VersionState.READY else (policy.version,)
         # No comparison: live traffic is the comparison (the canary's rollback bounds, the shadow's compared answers).
         await _prepare(manager, steps, model, policy.version, record, actor, compare=False)
         serving = started(policy) if started else policy
-        return await _commit(manager, steps, record.but(**{kind: serving}), actor, {kind: dataclasses.asdict(serving)})
+        return await _commit(manager, steps, record.but(**{kind: serving}), actor, {kind: dataclasses.asdict(serving)},
+                             fresh=fresh)
 
 
 async def pull_back_canary(
@@ -139,11 +143,17 @@ async def _prepare(
 
 
 async def _commit(
-    manager: VersionContext, steps: Steps, routed: RoutingRecord, actor: str, detail: Mapping[str, Any]
+    manager: VersionContext,
+    steps: Steps,
+    routed: RoutingRecord,
+    actor: str,
+    detail: Mapping[str, Any],
+    *,
+    fresh: tuple[int, ...] = (),
 ) -> ActionReport:
     routed = dataclasses.replace(routed, loaded=manager.loaded_now(steps.model))
     async with steps.run("flip"):
-        await manager.commit_routing(steps.model, routed)
+        routed = await manager.commit_routing(steps.model, routed, fresh=fresh)
     action, timings = steps.progress.action, dict(steps.progress.steps)
     versions: dict[str, int | None] = {"stable": routed.stable}
     event = Event(action, steps.model, "ok", versions, timings, actor=actor, generation=routed.generation,
