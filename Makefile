@@ -103,8 +103,7 @@ test-fast: install
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-docs-# The embedded backend needs only the project's venv: a first `make serve` does not wait for the local Triton.
-serve: $(VENV)/.installed
+docs-serve: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 test: lint typecheck docs pytest
