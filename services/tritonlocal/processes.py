@@ -36,8 +36,21 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+PORT_RANGE = range(0, 65536)
+
+
 def check_ports_free(ports: dict[str, int]) -> None:
-    """Another server on our port would answer the readiness polls in our place: refuse to start then."""
+    """Another server on our port would answer the readiness polls in our place: refuse to start then. A port outside
+    0-65535, or one given to two listeners, is refused here too, naming them (tritonserver would exit with a line in
+    its log, and Python's bind raises OverflowError)."""
+    for kind, port in ports.items():
+        if port not in PORT_RANGE:
+            raise TritonStartError(f"{kind} port {port} is not a port number: expected 0-65535 (0 picks a free one)")
+    given: dict[int, str] = {}
+    for kind, port in ports.items():
+        if port in given:
+            raise TritonStartError(f"{given[port]} and {kind} are both given port {port}: each listener needs its own")
+        given[port] = kind
     for kind, port in ports.items():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers of a crash are fine

@@ -15,7 +15,7 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from services.tritonlocal import LocalTriton, TritonStartError
+from services.tritonlocal import LocalTriton, TritonInstall, TritonStartError
 from tests.tritonlocal.support import Array, Reference, sample
 
 pytestmark = pytest.mark.slow  # a local Triton
@@ -191,3 +191,23 @@ def test_start_refuses_when_a_port_is_taken_by_another_server(triton: LocalTrito
         second.start()
     assert second.pid is None
     assert triton.ready()
+
+
+@pytest.mark.parametrize(
+    ("ports", "expected"),
+    [
+        ({"http_port": 70000}, "HTTP port 70000 is not a port number: expected 0-65535"),
+        ({"metrics_port": -1}, "metrics port -1 is not a port number"),
+        ({"http_port": 9931, "grpc_port": 9931}, "HTTP and gRPC are both given port 9931: each listener needs its own"),
+    ],
+)
+def test_start_refuses_ports_no_listener_can_have(
+    install: TritonInstall, repository: Path, tmp_path: Path, ports: dict[str, int], expected: str
+) -> None:
+    """Named before anything starts, as one error line: not Python's OverflowError from bind, nor tritonserver's exit
+    after it wrote the refusal into its log."""
+    server = LocalTriton(repository, derived=tmp_path / "derived", install=install, **ports)
+    with pytest.raises(TritonStartError, match=expected):
+        server.start()
+    assert server.pid is None
+
