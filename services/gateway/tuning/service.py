@@ -63,8 +63,10 @@ class TuneRun:
             "error": self.error,
             "winner": self.winner.to_json() if self.winner is not None else None,
             "winner_throughput": self._score(self.winner),
+            "winner_worst_p99_ms": self._worst_p99_ms(self.winner),
             "defaults": defaults[0].to_json() if defaults else None,
             "defaults_throughput": self._score(defaults[0] if defaults else None),
+            "defaults_worst_p99_ms": self._worst_p99_ms(defaults[0] if defaults else None),
             "pareto_front": [t.number for t in pareto_front(trials)],
             "best_p99_ms": best_p99_ms(trials),
             "published": self.published,
@@ -78,6 +80,13 @@ class TuneRun:
         if trial is None:
             return None
         return round(score(self.state.trials, trial.candidate, self.options.concurrency[-1]), 1)
+
+    def _worst_p99_ms(self, trial: Trial | None) -> float | None:
+        """The highest p99 over every level of every run of the trial's settings: what the SLO was judged by (the
+        trial itself is only their first run)."""
+        if trial is None:
+            return None
+        return round(worst_p99_ms(self.state.trials, trial.candidate), 3)
 
 
 class TuneService:
