@@ -4,6 +4,7 @@ explicit-mode server, and loads / unloads specific versions with a complete conf
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.gateway.errors import BackendUnavailable, ModelNotFound, ModelNotReady
+from services.gateway.errors import BackendUnavailable, GatewayError, ModelNotFound, ModelNotReady
 from services.gateway.settings import Settings
 from services.gateway.tensors.types import InferInput, InferRequest, VersionState
 from services.tritonlocal import TritonInstall
@@ -100,3 +101,28 @@ async def test_backend_connects_and_loads_by_itself_when_triton_starts_after_it(
             await wait_for(lambda: server.model_states("mlp") == {1: "READY", 2: "READY"}, 5.0)
     finally:
         await backend.close()
+
+
+async def test_a_failed_load_leaves_no_version_shown_loading(
+    install: TritonInstall, repository: Path, tmp_path: Path
+) -> None:
+    """The health probe reads Triton's index while a load runs and sees the new version LOADING; when the load fails
+    that view must not stand until the probe's next look (an admin call answered 422 and the version still shown
+    loading beside it)."""
+    source = tmp_path / "repository"
+    shutil.copytree(repository / "mlp", source / "mlp")
+    with local_triton(source, tmp_path, install) as server:
+        # A probe every 0.2 s looks at least once while the load below runs (a python stub starting: longer).
+        backend = await started_backend(source, Settings(triton_url=server.grpc_url, triton_probe_interval_s=0.2))
+        try:
+            shutil.copytree(source / "mlp" / "2", source / "mlp" / "3")
+            (source / "mlp" / "3" / "model.onnx").write_bytes(b"\x08\x07 not an onnx graph")
+            server.build()  # the derived repository gets version 3, as `switchyard triton`'s follower does
+            with pytest.raises(GatewayError, match="version 3"):
+                await backend.load("mlp", 3)
+            # No await between the failure and this look: what the backend shows is what the failed load left.
+            assert backend.models()["mlp"].get(3) is not VersionState.LOADING
+            assert backend.models()["mlp"] == {1: READY, 2: READY}
+            assert backend.problem("mlp", 3) is not None
+        finally:
+            await backend.close()

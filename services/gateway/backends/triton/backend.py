@@ -218,7 +218,16 @@ class TritonBackend(TritonHealth):
             self._wanted[model] = previous  # what Triton could not do is not wanted: the probe must not retry it
             if not isinstance(exc, BackendUnavailable):
                 self._record_failures(model, wanted - previous, exc)
+                await self._observe_settled()
             raise
+
+    async def _observe_settled(self) -> None:
+        """Read Triton's index once more after a failed load: the probe may have seen the failed versions LOADING
+        while the load ran, and that view would stand until its next tick, a version shown loading after its
+        action failed."""
+        assert self._control is not None, "start() first"
+        with contextlib.suppress(ModelControlError):  # Triton stopped answering: the probe notices and says so
+            self._update_states(await self._control.index(self._settings.triton_control_timeout_s))
 
     async def _apply(self, model: str, versions: set[int]) -> None:
         """Make Triton serve exactly ``versions`` of ``model`` and return once they have settled."""
