@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import queue
 import time
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import httpx
 import numpy as np
@@ -25,6 +27,7 @@ from services.gateway.versions.loading import load_version
 from services.tritonlocal import LocalTriton
 from tests.decoupled_models import MODEL, collect, countdown_gateway, countdown_request, counted
 from tests.gateway_harness import RunningGateway
+from tests.otlp_receiver import OtlpReceiver, otlp_receiver
 from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.slow  # a local Triton and a gateway on real ports
@@ -33,8 +36,25 @@ FIRST = "switchyard_time_to_first_response_seconds_count"
 
 
 @pytest.fixture(scope="module")
-def decoupled_gateway(triton: LocalTriton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
-    with countdown_gateway(triton, tmp_path_factory.mktemp("decoupled")) as running:
+def receiver() -> Iterator[OtlpReceiver]:
+    with otlp_receiver() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def decoupled_gateway(
+    triton: LocalTriton, tmp_path_factory: pytest.TempPathFactory, receiver: OtlpReceiver
+) -> Iterator[RunningGateway]:
+    """Traced, for the requests that come with a sampled ``traceparent`` (only one test sends one)."""
+    environment = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0",
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+    }
+    with mock.patch.dict(os.environ, environment), countdown_gateway(
+        triton, tmp_path_factory.mktemp("decoupled")
+    ) as running:
         yield running
 
 
@@ -208,3 +228,23 @@ def test_generate_stream_sends_one_server_sent_event_per_response_of_a_decoupled
     assert events[0]["model_name"] == MODEL
     many = httpx.post(f"http://{decoupled_gateway.http_url}/v2/models/{MODEL}/generate", json={"N": 2}, timeout=30)
     assert many.status_code == 400, many.text
+
+
+def test_generate_stream_span_of_a_decoupled_request_names_its_version_and_route(
+    decoupled_gateway: RunningGateway, receiver: OtlpReceiver
+) -> None:
+    """As a unary request's span does: which version answered, and how the request reached it."""
+    trace_id = "7df92f3577b34da6a3ce929d0e0e4736"
+    url = f"http://{decoupled_gateway.http_url}/v2/models/{MODEL}/generate_stream"
+    parent = f"00-{trace_id}-00f067aa0ba902b7-01"
+    with httpx.stream("POST", url, json={"N": 2}, headers={"traceparent": parent}, timeout=30) as answer:
+        assert answer.status_code == 200
+        events = [json.loads(line.removeprefix("data: ")) for line in answer.iter_lines() if line.startswith("data: ")]
+    assert len(events) == 2
+    name = "POST /v2/models/{model_name}/generate_stream"
+    spans = receiver.wait_for(lambda got: any(s.trace_id == trace_id and s.name == name for s in got))
+    server = next(s for s in spans if s.trace_id == trace_id and s.name == name)
+    assert server.attributes["switchyard.model"] == MODEL
+    # The stable version, which a test before this one may have switched: the one that answered.
+    assert server.attributes["switchyard.version"] == int(events[0]["model_version"])
+    assert server.attributes["switchyard.route"] == "stable"

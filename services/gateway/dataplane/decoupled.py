@@ -17,6 +17,7 @@ from services.gateway.shaping.concurrency import ModelGate
 from services.gateway.tensors.classification import check_classes
 from services.gateway.tensors.types import InferOutput, InferRequest, InferResponse, ModelMetadata
 from services.gateway.tensors.validation import validate
+from services.gateway.tracing.observe import Observer
 from services.gateway.versions.leases import Leases
 from services.gateway.versions.routing import ColdVersion, Header, Router
 from services.gateway.versions.windows import TrafficWindows
@@ -31,6 +32,7 @@ class _Plane(Protocol):
     metrics: GatewayMetrics
     windows: TrafficWindows
     cache: ModelCache | None
+    observer: Observer | None
     _decoupled: Callable[[str], bool]
     _stream_series: dict[tuple[str, int], tuple[Any, Any]]
 
@@ -122,12 +124,16 @@ class StreamedRequests:
                     quota.give_back()
         except Exception as exc:
             error = self._failed(exc, request, version, protocol, watched, started)
+            if self.observer is not None:
+                self.observer.streamed(request, version)
             if error is exc:
                 raise
             raise error from exc
         # No shadow copy: a shadow compares one answer, and would double the model's work for every response.
         ended = time.perf_counter()
         self._succeeded(request, version, protocol, watched, ended - started, ended - began)
+        if self.observer is not None:
+            self.observer.streamed(request, version)
         self.metrics.stream_responses.labels(model).observe(count)
 
     def decoupled(self: _Plane, model: str) -> bool:

@@ -126,6 +126,11 @@ class Observer:
             )
             log.offer(exchange)
 
+    def streamed(self, request: InferRequest, version: int | None) -> None:
+        """A decoupled request's end, served or failed: its span names the version and route as a unary request's
+        does. The inference log leaves it out: an exchange there holds one answer, not a sequence."""
+        self._routed(request, version, self.route(request, version))
+
     def shadow_trace(self, model: str, version: int) -> RequestTrace | None:
         """A shadow call's own trace, linked to the request it copies (the task's current trace, inherited from the
         request that started it), made current for the call's stages."""
