@@ -219,9 +219,42 @@ async def run_request(
             for row in range(rows)
         ]
         return {name: np.concatenate([answer[name] for answer in answers]) for name in answers[0]}
+    if backend.decoupled(model):
+        return await _run_streamed(backend, metadata, model, version, inputs, source, timeout_s)
     answer = await _run_one(backend, metadata, model, version, inputs, source, timeout_s)
     _check_outputs(metadata, answer, rows, source)
     return answer
+
+
+async def _run_streamed(
+    backend: Backend,
+    metadata: ModelMetadata,
+    model: str,
+    version: int,
+    inputs: dict[str, Array],
+    source: str,
+    timeout_s: float,
+) -> dict[str, Array]:
+    """A decoupled model's request (Triton refuses it as a unary call): every response it sends, each checked like a
+    unary answer; the answer is their outputs one after the other (rows concatenated), so that two versions compare
+    on the whole sequence. Responses with no outputs (a final flag alone) add nothing."""
+    request = InferRequest(model, version, _tensors(metadata, inputs), id="switchyard-warmup")
+    rows = rows_of(inputs, metadata)
+    answers: list[dict[str, Array]] = []
+    try:
+        validate(request, metadata)
+        async with asyncio.timeout(timeout_s):
+            async for response in backend.infer_stream(request, version=version, timeout_s=timeout_s, priority=0):
+                if response.outputs:
+                    answers.append({output.name: output.data for output in response.outputs})
+    except TimeoutError:
+        raise WarmupError(f"warm-up request ({source}) got no final response within {timeout_s:g} s") from None
+    except GatewayError as exc:
+        raise WarmupError(f"warm-up request ({source}) failed after {len(answers)} response(s): {exc}") from None
+    for index, answer in enumerate(answers):
+        _check_outputs(metadata, answer, rows, f"{source}, response {index + 1}")
+    names = dict.fromkeys(name for answer in answers for name in answer)
+    return {name: np.concatenate([answer[name] for answer in answers if name in answer]) for name in names}
 
 
 async def _run_one(
@@ -233,7 +266,7 @@ async def _run_one(
     source: str,
     timeout_s: float,
 ) -> dict[str, Array]:
-    tensors = [InferInput(name, _datatype(metadata, name), tuple(a.shape), a) for name, a in inputs.items()]
+    tensors = _tensors(metadata, inputs)
     sequenced = (await backend.config(model, version)).HasField("sequence_batching")
     # Behind Triton's sequence batcher every request must name its sequence: each of these is one of its own.
     parameters = (
@@ -264,6 +297,10 @@ def _check_outputs(metadata: ModelMetadata, answer: dict[str, Array], rows: int,
                 f"warm-up request ({source}): output '{spec.name}' has shape {shape}, the config declares "
                 f"{metadata.served_shape(spec)} for {rows} row(s)"
             )
+
+
+def _tensors(metadata: ModelMetadata, inputs: dict[str, Array]) -> list[InferInput]:
+    return [InferInput(name, _datatype(metadata, name), tuple(a.shape), a) for name, a in inputs.items()]
 
 
 def _datatype(metadata: ModelMetadata, name: str) -> str:
