@@ -52,3 +52,11 @@ def test_help_shows_every_option_and_variable_whole_when_80_columns_wide(path: t
         assert summary in " ".join(output.split()), f"the summary of {name} is cut in:\n{output}"
     assert "…" not in output
     assert [line for line in output.splitlines() if len(line) > WIDTH] == []
+
+
+def test_unload_help_says_its_drain_timeout_waits_for_the_version_it_unloads() -> None:
+    """unload replaces nothing: its --drain-timeout is not activate's and rollback's wait for the replaced version."""
+    help_text = " ".join(help_at_80_columns(("models", "unload")).split())
+    assert "replaced version" not in help_text
+    assert ("--drain-timeout <float range> Seconds to wait for VERSION's requests in flight to finish before it is "
+            "unloaded") in help_text

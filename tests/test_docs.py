@@ -2,11 +2,19 @@
 file of the repository, the README stays short, and no file names documents that live outside the repository.
 
 `mkdocs build --strict` checks the links between the pages of docs/; this checks what it cannot: the README's links
-into docs/, and links from any page to files that are missing altogether. Fast, no network, no build."""
+into docs/, and links from any page to files that are missing altogether. Fast, no network, no build.
+
+Two tests (marked slow) run what a new user types first, as the pages write it, against a gateway serving what
+`make models` writes: the README's curl and Triton client snippets, and the `switchyard models` lines of the
+version-switching page."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -152,3 +160,95 @@ def test_settings_page_is_what_switchyard_settings_prints_when_asked_for_markdow
     assert (ROOT / "docs" / "settings.md").read_text(encoding="utf-8") == printed.output, (
         "docs/settings.md is stale: run `switchyard settings --markdown > docs/settings.md`"
     )
+
+
+# -- the first commands, run as written -----------------------------------------------------------------------------
+DOC_TOKEN = "change-me"
+"""The admin token the version-switching page exports before `make serve`."""
+SWITCHYARD = Path(sys.executable).with_name("switchyard")
+
+
+def fenced_blocks(text: str, language: str) -> list[str]:
+    """The bodies of the fenced code blocks of ``language`` (```` ```bash ````, ...) in a Markdown text."""
+    blocks: list[str] = []
+    body: list[str] | None = None
+    for line in text.splitlines():
+        if body is None:
+            if line.strip() == f"```{language}":
+                body = []
+        elif line.strip() == "```":
+            blocks.append("\n".join(body))
+            body = None
+        else:
+            body.append(line)
+    return blocks
+
+
+def section(text: str, heading: str) -> str:
+    """The text under ``heading`` (a whole heading line) up to the next heading of its level or above."""
+    level = len(heading) - len(heading.lstrip("#"))
+    lines = text.splitlines()
+    start = lines.index(heading) + 1
+    end = next((i for i in range(start, len(lines)) if re.match(rf"#{{1,{level}}} ", lines[i])), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def on_ports(command: str, http_url: str, grpc_url: str) -> str:
+    """``command`` as typed against the default ports, sent to the test gateway's."""
+    return command.replace("localhost:8000", http_url).replace("localhost:8001", grpc_url)
+
+
+def test_fenced_blocks_and_sections_are_read_as_markdown_writes_them() -> None:
+    text = "# A\n```bash\necho 1\n```\n## B\n```python\nx = 1\n```\n```bash\necho 2\n```\n## C\nc\n"
+
+    assert fenced_blocks(text, "bash") == ["echo 1", "echo 2"]
+    assert fenced_blocks(section(text, "## B"), "bash") == ["echo 2"]
+    assert on_ports("curl localhost:8000/v2; grpc localhost:8001", "127.0.0.1:1", "127.0.0.1:2") == (
+        "curl 127.0.0.1:1/v2; grpc 127.0.0.1:2")
+
+
+@pytest.mark.slow  # a gateway on real ports, the examples' export
+def test_readme_curl_and_triton_client_snippets_answer_as_written(example_repository: Path) -> None:
+    from services.gateway.settings import Settings  # here only, as above: the gateway and its clients are heavy
+    from tests.gateway_harness import running_gateway
+
+    readme = README.read_text(encoding="utf-8")
+    curls = [line for block in fenced_blocks(readme, "bash") for line in block.splitlines() if line.startswith("curl")]
+    clients = [block for block in fenced_blocks(readme, "python") if "tritonclient" in block]
+    assert curls, "the README shows no curl command"
+    modules = {word for block in clients for word in block.split()}
+    assert {"tritonclient.http", "tritonclient.grpc"} <= modules, "the README shows no HTTP or no gRPC client"
+    settings = Settings(repository=example_repository, port=0, grpc_port=0, repository_poll_s=0)
+    with running_gateway(settings) as gateway:
+        for curl in curls:
+            ran = subprocess.run(["bash", "-c", on_ports(curl, gateway.http_url, gateway.grpc_url)],
+                                 capture_output=True, text=True, timeout=60)
+            assert ran.returncode == 0, ran.stderr
+            assert json.loads(ran.stdout)["model_version"] == "2", ran.stdout  # the stable version
+        for client in clients:
+            ran = subprocess.run([sys.executable, "-c", on_ports(client, gateway.http_url, gateway.grpc_url)],
+                                 capture_output=True, text=True, timeout=60, cwd=ROOT)
+            assert ran.returncode == 0, f"README snippet failed:\n{client}\n{ran.stderr}"
+            assert ran.stdout.startswith("1 ["), ran.stdout  # the version it asked for, then the classes
+
+
+@pytest.mark.slow  # a gateway on real ports, the examples' export
+def test_version_switching_cli_lines_run_as_written_against_the_examples(example_repository: Path) -> None:
+    from pydantic import SecretStr  # here only, as above
+
+    from services.gateway.settings import Settings
+    from tests.gateway_harness import running_gateway
+
+    page = (ROOT / "docs" / "version-switching.md").read_text(encoding="utf-8")
+    block = "\n".join(fenced_blocks(section(page, "## CLI"), "bash"))
+    assert f"export SWITCHYARD_ADMIN_TOKEN={DOC_TOKEN} " in block
+    lines = [line.split("  #")[0].strip() for line in block.splitlines() if line.startswith("switchyard models")]
+    assert len(lines) >= 5, block
+    settings = Settings(repository=example_repository, port=0, grpc_port=0, repository_poll_s=0,
+                        admin_token=SecretStr(DOC_TOKEN))
+    with running_gateway(settings) as gateway:
+        env = {**os.environ, "PATH": f"{SWITCHYARD.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               "SWITCHYARD_ADMIN_URL": f"http://{gateway.http_url}", "SWITCHYARD_ADMIN_TOKEN": DOC_TOKEN}
+        for line in lines:
+            ran = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, timeout=120)
+            assert ran.returncode == 0, f"`{line}` exited {ran.returncode}: {ran.stderr}"

@@ -5,6 +5,7 @@ Only typer, rich, httpx and the standard library: the root command imports this 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -83,6 +84,8 @@ def reporting(target: Target) -> Iterator[None]:
     except GatewayUnreachable as exc:
         if exc.timed_out:
             hint = "a version action may still be running there: see `switchyard models status`; or raise --timeout"
+        elif exc.hint:
+            hint = exc.hint
         else:
             hint = "is it running? set --url or SWITCHYARD_ADMIN_URL"
         _fail(target, f"{exc} ({hint})", EXIT_ACCESS)
@@ -96,8 +99,29 @@ def _token_hint(target: Target, exc: AdminError) -> str:
     if exc.status == 401 and not target.token:
         return "; give it with --token or the SWITCHYARD_ADMIN_TOKEN environment variable"
     if exc.status == 403 and target.token and "not valid" in exc.message:
-        return "; --token or SWITCHYARD_ADMIN_TOKEN must hold the gateway's SWITCHYARD_ADMIN_TOKEN"
+        return f"; --token or SWITCHYARD_ADMIN_TOKEN must hold {_tokens_taken(target)}"
     return ""
+
+
+TOKENS_TAKEN = re.compile(r"needs 'Authorization: Bearer <token>' \((?P<taken>[^()]+)\)$")
+"""The end of the gateway's 401, which names the admin tokens it takes (its setting's, its keys file's, or both)."""
+ANY_ADMIN_TOKEN = "the gateway's SWITCHYARD_ADMIN_TOKEN or an admin token of the gateway's keys file"
+
+
+def _tokens_taken(target: Target) -> str:
+    """The admin tokens the gateway at ``target`` takes, as its 401 to a call without a token names them: a gateway
+    whose admin tokens are all in its keys file has no SWITCHYARD_ADMIN_TOKEN to point the user at. Either kind
+    where the gateway does not say."""
+    try:
+        with AdminClient(target.url, None, timeout_s=min(target.timeout_s, POLL_TIMEOUT_S)) as client:
+            client.whoami()
+    except AdminError as exc:
+        taken = TOKENS_TAKEN.search(exc.message) if exc.status == 401 else None
+        if taken is not None:  # the gateway says "its keys file": on the CLI's line, whose it is must be said
+            return taken.group("taken").replace("its ", "the gateway's ")
+    except GatewayUnreachable:
+        pass
+    return ANY_ADMIN_TOKEN
 
 
 def _fail(target: Target, message: str, code: int) -> NoReturn:

@@ -35,15 +35,20 @@ class AdminError(Exception):
         return self.status in (401, 403)
 
 
+NOT_HTTP = "--url takes the gateway's HTTP address: is this its gRPC port?"
+
+
 class GatewayUnreachable(Exception):
     """No answer came: nothing listens at the URL, the connection broke, or the answer took longer than the timeout
-    (``timed_out``: the gateway may still be running the action)."""
+    (``timed_out``: the gateway may still be running the action). ``hint``: what to check, where the cause is known
+    (something answered that speaks no HTTP/1.1)."""
 
-    def __init__(self, url: str, reason: str, *, timed_out: bool = False) -> None:
+    def __init__(self, url: str, reason: str, *, timed_out: bool = False, hint: str | None = None) -> None:
         super().__init__(f"cannot reach the gateway at {url}: {reason}")
         self.url = url
         self.reason = reason
         self.timed_out = timed_out
+        self.hint = hint
 
 
 class AdminClient:
@@ -72,6 +77,10 @@ class AdminClient:
         self._http.close()
 
     # -- reading --------------------------------------------------------------------------------------------
+    def whoami(self) -> JSONObject:
+        """The caller's actor and role; without a token the gateway's 401 names the tokens it takes."""
+        return self._call("GET", "/admin/whoami")
+
     def models(self) -> JSONObject:
         return self._call("GET", "/admin/models")
 
@@ -162,6 +171,9 @@ class AdminClient:
             ) from None
         except httpx.TimeoutException:
             raise GatewayUnreachable(self.url, f"no answer within {self.timeout_s:g} s", timed_out=True) from None
+        except httpx.RemoteProtocolError as exc:  # what a gRPC port (HTTP/2 only) answers an HTTP/1.1 request with
+            reason = f"what answered speaks no HTTP/1.1 ({str(exc) or type(exc).__name__})"
+            raise GatewayUnreachable(self.url, reason, hint=NOT_HTTP) from None
         except httpx.RequestError as exc:  # refused, reset, DNS, an undecodable body, a scheme httpx does not speak
             raise GatewayUnreachable(self.url, str(exc) or type(exc).__name__) from None
         return _decode(response)

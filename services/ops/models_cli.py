@@ -35,6 +35,16 @@ DrainTimeout = Annotated[
         show_default=False,
     ),
 ]
+UnloadDrainTimeout = Annotated[
+    float | None,
+    typer.Option(
+        "--drain-timeout",
+        min=0,
+        help="Seconds to wait for VERSION's requests in flight to finish before it is unloaded (default: the "
+        "gateway's).",
+        show_default=False,
+    ),
+]
 Compare = Annotated[
     bool | None,
     typer.Option(
@@ -187,7 +197,7 @@ def load(call: AdminCall, model: Model, version: Version) -> None:
 
 
 @admin_command(ACTION_TIMEOUT_S)
-def unload(call: AdminCall, model: Model, version: Version, drain_timeout: DrainTimeout = None) -> None:
+def unload(call: AdminCall, model: Model, version: Version, drain_timeout: UnloadDrainTimeout = None) -> None:
     """Drain VERSION's requests and unload it (not the stable version: activate another one first)."""
     call.act(model, lambda client: client.unload(model, version, drain_timeout_s=drain_timeout))
 
