@@ -71,7 +71,13 @@ def serve(
     if backend not in ("embedded", "triton"):
         raise typer.BadParameter("choose embedded or triton", param_hint="--backend")
     if not repository.is_dir():
-        typer.echo(f"model repository {repository} does not exist (run `make models` first)", err=True)
+        found = "is not a folder" if repository.exists() else "does not exist"
+        _error(
+            ctx,
+            f"the model repository {repository} ({repository.resolve()}) {found}: give SWITCHYARD_REPOSITORY your "
+            "repository's folder (`switchyard export` writes one), or run `make models` in the project's checkout for "
+            "the examples'",
+        )
         raise typer.Exit(2)
     try:
         settings = Settings(

@@ -53,7 +53,7 @@ Token = Annotated[
     typer.Option(
         "--token",
         envvar="SWITCHYARD_ADMIN_TOKEN",
-        help="Admin bearer token (the gateway's SWITCHYARD_ADMIN_TOKEN).",
+        help="Admin bearer token: the gateway's SWITCHYARD_ADMIN_TOKEN, or an admin token of its keys file.",
         show_default=False,
         show_envvar=True,
     ),

@@ -134,3 +134,19 @@ def test_grpc_port_off_serves_no_grpc(tmp_path: Path, spelled: str, monkeypatch:
     assert Settings(repository=tmp_path, grpc_port=spelled).grpc_port is None  # type: ignore[arg-type]
     monkeypatch.setenv("SWITCHYARD_GRPC_PORT", spelled)
     assert Settings(repository=tmp_path).grpc_port is None
+
+
+@pytest.mark.parametrize("kind", ["missing", "a file"])
+def test_serve_names_the_repository_it_cannot_find_and_how_to_give_one(tmp_path: Path, kind: str) -> None:
+    """Started outside the checkout, ``switchyard serve`` finds no ``model_repository`` there: the line says where it
+    looked and which option or variable names another folder, not only the checkout's make target."""
+    repository = tmp_path / "elsewhere"
+    if kind == "a file":
+        repository.write_text("")
+    result = CliRunner().invoke(app, ["serve", "--repository", str(repository)])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    found = "does not exist" if kind == "missing" else "is not a folder"
+    assert output.startswith(f"error: the model repository {repository} ({repository.resolve()}) {found}")
+    assert "give SWITCHYARD_REPOSITORY / --repository your repository's folder" in output
