@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from exporter.artifacts import Progress, write_artifact
 from exporter.diagnostics import LOG_FILE, captured
 from exporter.dtypes import raw_bytes
-from exporter.errors import ExportError, RepositoryError
+from exporter.errors import ExportError, InvalidSpecError, RepositoryError
 from exporter.model_config import (
     artifact_name,
     build_config,
@@ -28,9 +28,10 @@ from exporter.parity_device import eager_on
 from exporter.records import write_manifest, write_samples
 from exporter.repository import ModelRepository
 from exporter.specs import DEFAULT_INSTANCES, ExportOptions, Format, Kind, TensorSpec, VersionPolicy
-from exporter.tensors import input_dynamic_dims, served_names, tensor_specs
+from exporter.tensors import input_dynamic_dims, resolve_dynamic_axes, served_names, tensor_specs
 from exporter.torch2onnx import DynamicAxes
-from services.modelrepo.config import to_text
+from services.modelrepo import layout
+from services.modelrepo.config import select_versions, to_text
 from services.modelrepo.layout import CONFIG_FILE, MANIFEST_FILE
 
 STAGES = ("export", "check", "parity", "publish")
@@ -128,6 +129,7 @@ def _export(
 ) -> ExportResult:
     report("export")
     prepared = prepare(module, example_inputs, input_names, output_names)
+    dynamic_axes = resolve_dynamic_axes(prepared, dynamic_axes)
     if prepared.batch_size > options.max_batch_size:
         raise ExportError(
             f"the example inputs have batch {prepared.batch_size}, over max_batch_size={options.max_batch_size}: "
@@ -140,6 +142,7 @@ def _export(
     warmup_dims = {n: served_dims(t.shape[1:]) for n, t in zip(served_in, prepared.examples, strict=True)}
     config = build_config(options, in_specs, out_specs, warmup_dims)
     _check_compatible(repo, options.name, config)  # before minutes of exporting; again under the lock
+    _check_policy_selects(repo, options, config, options.version or repo.next_version(options.name))
     with repo.staging() as staging:
         version_dir = staging / "version"
         version_dir.mkdir()
@@ -172,6 +175,7 @@ def _export(
             with repo.locked():
                 version = options.version if options.version is not None else repo.next_version(options.name)
                 _check_compatible(repo, options.name, config)
+                _check_policy_selects(repo, options, config, version)
                 replaced = _config_changes(repo, options.name, config)
                 released = options.release if options.release is not None else not repo.versions(options.name)
                 write_manifest(
@@ -194,6 +198,24 @@ def _export(
 def _config_changes(repo: ModelRepository, name: str, config: mc.ModelConfig) -> list[str]:
     model_dir = repo.model_dir(name)
     return config_changes(read_config(model_dir), config) if (model_dir / CONFIG_FILE).exists() else []
+
+
+def _check_policy_selects(repo: ModelRepository, options: ExportOptions, config: mc.ModelConfig, version: int) -> None:
+    """Refuse a version policy that selects none of the model's versions once this one is published: Triton then
+    refuses to load the model at all ("at least one version must be available under the version policy"), and
+    the shared config.pbtxt would take the model's earlier versions down with it."""
+    model_dir = repo.model_dir(options.name)
+    available = {*(layout.versions(model_dir, config) if model_dir.is_dir() else ()), version}
+    if select_versions(config, available):
+        return
+    policy = options.version_policy
+    listed = ",".join(str(v) for v in policy.versions)
+    raise InvalidSpecError(
+        f"version policy specific:{listed} selects none of the versions model {options.name!r} would have, "
+        f"{sorted(available)} (version {version} being this export): Triton refuses to load a model whose policy "
+        "selects no version, and all versions share one config.pbtxt, so the model would stop serving. List versions "
+        f"that exist (e.g. specific:{version}), or use latest:N or all."
+    )
 
 
 def _check_compatible(repo: ModelRepository, name: str, config: mc.ModelConfig) -> None:

@@ -59,6 +59,9 @@ def _onnx(
         notes.append(f"dynamo exporter failed ({written.fallback_reason}); used the "
                      "TorchScript-based ONNX exporter")
         traced = "the TorchScript-based ONNX exporter traced the model (dynamo failed)"
+    if written.restored_inputs:
+        notes.append(f"forward() never reads {', '.join(map(repr, written.restored_inputs))}: the TorchScript-based "
+                     "ONNX exporter dropped it from the graph, which takes it back, unused, as clients send it")
     report("check")
     device = choose_parity_device(options.kind, options.format)
     runner, device = _guarded("onnxruntime", lambda: onnx_runner(path, prepared.input_names, device), prepared)

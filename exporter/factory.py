@@ -19,6 +19,8 @@ DYNAMIC_DIM_EXAMPLE_SIZE = 8
 
 def build(factory: str, inputs: list[str], example_batch: int) -> tuple[torch.nn.Module, Any, list[str] | None]:
     """The module, its example inputs and their names (``None``: the factory's own examples name them)."""
+    if example_batch < 1:
+        raise InvalidSpecError(f"--example-batch must be at least 1 (got {example_batch}): an example needs a row")
     module_name, _, attr = factory.partition(":")
     if not module_name or not attr:
         raise InvalidSpecError(f"invalid factory {factory!r}: expected MODULE:FACTORY, e.g. examples.models:build_mlp")

@@ -138,6 +138,13 @@ def _normalise_examples(
     if len(batches) != 1:
         sizes = {n: int(t.shape[0]) for n, t in zip(names, tensors, strict=True)}
         raise InvalidSpecError(f"example inputs disagree on the batch size (dim 0): {sizes}")
+    empty = [f"{n} {list(t.shape)}" for n, t in zip(names, tensors, strict=True) if t.numel() == 0]
+    if empty:
+        # An empty example shows the model nothing: no values to draw the parity gate's inputs like, no row to trace.
+        raise InvalidSpecError(
+            f"example inputs {', '.join(empty)} hold no values (a dim of size 0): give at least one row, and every "
+            "other dim at least 1, with values like those the model will serve"
+        )
     return names, tuple(tensors)
 
 

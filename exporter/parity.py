@@ -15,7 +15,7 @@ import numpy.typing as npt
 import torch
 
 from exporter.dtypes import as_numpy
-from exporter.errors import DynamicBatchError, ParityError
+from exporter.errors import DynamicBatchError, ModelError, ParityError
 from exporter.module_io import PreparedModel
 from exporter.parity_device import ON_CPU, ParityDevice, onnx_providers, onnx_started
 from exporter.parity_draws import DRAWS, Stats, draw_inputs, like_example
@@ -177,8 +177,11 @@ def _shape(example: torch.Tensor, batch: int, grow_axes: Sequence[int], grow: in
 
 
 def _eager(prepared: PreparedModel, inputs: tuple[torch.Tensor, ...], batch: int) -> tuple[torch.Tensor, ...]:
-    with torch.no_grad():
-        expected = prepared.flat(*inputs)
+    try:
+        with torch.no_grad():
+            expected = prepared.flat(*inputs)
+    except Exception as exc:
+        raise _raised(prepared, inputs, exc) from exc
     for name, ref in zip(prepared.output_names, expected, strict=True):
         if ref.dim() == 0 or ref.shape[0] != batch:
             raise DynamicBatchError(
@@ -186,6 +189,21 @@ def _eager(prepared: PreparedModel, inputs: tuple[torch.Tensor, ...], batch: int
                 "first axis is not the batch axis. Keep every output's dim 0 the batch (reshape with x.shape[0])."
             )
     return tuple(expected)
+
+
+def _raised(prepared: PreparedModel, inputs: tuple[torch.Tensor, ...], error: Exception) -> ModelError:
+    """forward() fails on inputs the served model must take: the parity gate feeds only sizes a client may send
+    (a batch from 1 to max_batch_size, dynamic axes at other lengths than the example's) and values like the
+    example's, so the served model would fail, or answer where eager PyTorch cannot, on such a request."""
+    shapes = ", ".join(f"{name} {list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+                       for name, t in zip(prepared.input_names, inputs, strict=True))
+    return ModelError(
+        f"the model's forward raised {type(error).__name__}: {str(error).strip()[:300]} — on inputs of shapes "
+        f"{shapes}, which the parity gate fed it because a client may send them: the served model takes every "
+        "batch size from 1 to max_batch_size and every length of a dynamic axis. Make forward() accept them (a "
+        "batch of 1 included: batch statistics, squeeze() and .view() with fixed sizes fail there), or serve "
+        "fewer sizes (a smaller max_batch_size, the axis left out of dynamic_axes)."
+    )
 
 
 def _failure_message(

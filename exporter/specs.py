@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -192,6 +193,13 @@ class ExportOptions:
             raise InvalidSpecError(
                 f"preferred batch sizes {bad} must lie between 1 and max_batch_size={self.max_batch_size}"
             )
+        if self.opset is not None and self.opset < 1:
+            raise InvalidSpecError(f"opset must be an ONNX opset version >= 1 (got {self.opset}), e.g. 17")
         for label, tol in (("atol", self.atol), ("rtol", self.rtol)):
-            if tol is not None and tol < 0:
-                raise InvalidSpecError(f"{label} must be >= 0 (got {tol})")
+            # NaN passes no comparison (every export would fail parity, blamed on rounding) and infinity passes
+            # every one (a model answering anything would be published): neither is a tolerance.
+            if tol is not None and not (math.isfinite(tol) and tol >= 0):
+                raise InvalidSpecError(
+                    f"{label} must be a finite number >= 0 (got {tol}); leave it out for the default (1e-4 for fp32 "
+                    "models, 1e-2 for fp16/bf16)"
+                )

@@ -3,6 +3,7 @@ dims read off eager runs at the sizes the parity gate checks)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -51,6 +52,47 @@ def tensor_specs(
     dims = _output_dims(prepared, axes, batch_sizes)
     outs = tuple(_served(n, dt_, d) for n, dt_, d in zip(served_out, prepared.output_datatypes, dims, strict=True))
     return ins, outs
+
+
+def resolve_dynamic_axes(prepared: PreparedModel, dynamic_axes: DynamicAxes | None) -> dict[str, dict[int, str]]:
+    """``dynamic_axes`` with every axis a non-negative index of its tensor and a label (``<name>_dim<axis>`` where
+    a list gave none), the batch axis left out (it is always dynamic).
+
+    Every later step reads the axes as non-negative indices: a negative one (``-1``, the last axis) would otherwise
+    be dynamic in the ONNX file yet fixed in config.pbtxt and never resized by the parity gate, and one past the
+    tensor's rank would be ignored without a word."""
+    ranks = {name: t.dim() for name, t in zip(prepared.input_names, prepared.examples, strict=True)}
+    ranks.update({name: t.dim() for name, t in zip(prepared.output_names, prepared.reference_outputs, strict=True)})
+    resolved: dict[str, dict[int, str]] = {}
+    for name, axes in (dynamic_axes or {}).items():
+        if name not in ranks:
+            raise InvalidSpecError(
+                f"dynamic_axes names {name!r}, which is not an input or output of the model: name one of "
+                f"{sorted(ranks)}"
+            )
+        labelled = axes.items() if isinstance(axes, Mapping) else ((axis, None) for axis in axes)
+        for axis, label in labelled:
+            index = _axis_index(name, axis, ranks[name])
+            if index != 0:
+                resolved.setdefault(name, {})[index] = str(label) if label is not None else f"{name}_dim{index}"
+    return resolved
+
+
+def _axis_index(name: str, axis: int, rank: int) -> int:
+    index: int | None = None
+    with contextlib.suppress(TypeError, ValueError):
+        index = int(axis)  # what int() takes: numpy integers, "1"
+    if index is None or not -rank <= index < rank:
+        if rank == 1:
+            raise InvalidSpecError(
+                f"dynamic_axes gives axis {axis!r} of {name!r}, which has only the batch axis (shape (batch,)), "
+                "always dynamic: leave it out of dynamic_axes"
+            )
+        raise InvalidSpecError(
+            f"dynamic_axes gives axis {axis!r} of {name!r}, which has {rank} axes for the example inputs (batch axis "
+            f"0 included): give axes from 1 to {rank - 1}, or from -{rank} to -1 counting from the last"
+        )
+    return index % rank
 
 
 def _served(name: str, datatype: str, dims: tuple[int, ...]) -> TensorSpec:

@@ -27,6 +27,7 @@ from exporter.control_flow import (
 from exporter.errors import DynamicBatchError, ExportError, UnsupportedOperatorError
 from exporter.isolation import fresh_torch_state
 from exporter.module_io import FlatModule, PreparedModel
+from exporter.onnx_inputs import restore_dropped_inputs
 from exporter.onnx_translations import shared_translations
 from exporter.parity import onnx_runner
 from exporter.parity_draws import Stats, like_example
@@ -58,6 +59,8 @@ class OnnxArtifact:
     exporter: str
     opset: int
     fallback_reason: str | None
+    restored_inputs: tuple[str, ...] = ()
+    """Inputs forward() never reads, which the TorchScript-based exporter dropped and the graph got back."""
 
 
 def export_onnx(
@@ -71,11 +74,23 @@ def export_onnx(
     examples = _at_least_two_rows(prepared.examples)
     with fresh_torch_state():
         exporter, fallback_reason = _capture(prepared, examples, path, max_batch_size, extra_axes, opset)
+    restored = () if exporter == DYNAMO else tuple(
+        restore_dropped_inputs(path, prepared.input_names, prepared.examples, extra_axes))
     model = onnx.load(str(path), load_external_data=False)
     _check_batch_axes(model)
     _check_dynamic_axes(model, extra_axes, exporter)
-    opset_used = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    return OnnxArtifact(path, exporter, opset_used, fallback_reason)
+    opset_used = _opset(model)
+    if opset is not None and opset_used != opset:  # a file for another opset than asked is never published
+        raise ExportError(
+            f"opset={opset} was asked for, but {exporter} wrote opset {opset_used} ({fallback_reason or 'it chose'}): "
+            f"a runtime that needs opset {opset} may refuse the file. Ask for an opset the exporters can write for "
+            "this model (e.g. 17 or newer), or leave opset unset."
+        )
+    return OnnxArtifact(path, exporter, opset_used, fallback_reason, restored)
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
 def _capture(
@@ -111,6 +126,13 @@ def _capture(
         # keeps the axis symbolic; _check_dynamic_axes and the parity gate at other sizes verify that it did.
         return _fallback(_Job(prepared, examples, path, extra_axes, opset), reason, reason, decides=False)
     program.save(str(path))
+    written = _opset(onnx.load(str(path), load_external_data=False))
+    if opset is not None and written != opset:
+        # torch.export's exporter writes its own opset and converts down to the one asked for; where the conversion
+        # fails it keeps its own, saying so only in a warning. The TorchScript-based exporter writes older opsets.
+        reason = f"torch.export's exporter wrote opset {written}, not the opset {opset} asked for"
+        _remove_written(path)
+        return _fallback(_Job(prepared, examples, path, extra_axes, opset), reason, reason, decides=False)
     elsewhere = _fails_at_other_sizes(prepared, path, extra_axes)
     if elsewhere is not None:
         # torch.export kept the inputs dynamic but baked the example's size into the graph (an LSTM over a

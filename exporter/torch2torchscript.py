@@ -34,31 +34,57 @@ def export_torchscript(prepared: PreparedModel, path: Path) -> TorchScriptArtifa
 def _script_or_trace(prepared: PreparedModel, path: Path) -> TorchScriptArtifact:
     script_failure: Exception | None = None
     try:
-        flat = FlatModule(torch.jit.script(prepared.flat.inner), prepared.flat.keyword_names)
-        exporter = SCRIPT
+        scripted = FlatModule(torch.jit.script(prepared.flat.inner), prepared.flat.keyword_names)
     except Exception as exc:  # scripting fails on plenty of valid Python; tracing is the fallback
         script_failure = exc
-        flat = prepared.flat
-        exporter = TRACE
-    script_error = _first_line(script_failure) if script_failure is not None else None
+    else:
+        try:
+            with recorded_decisions(), torch.no_grad():  # the scripted module keeps its decisions
+                _trace(scripted, prepared).save(str(path))
+            return TorchScriptArtifact(path, SCRIPT, None)
+        except Exception as exc:
+            # The adapter's trace cannot always call the scripted module (keyword-only parameters, nested dict
+            # outputs): trace the model itself, as when scripting fails, rather than refuse a model a trace takes.
+            script_failure = _TracingScriptedFailed(exc)
+    script_error = _first_line(script_failure)
     with recorded_decisions() as decisions, torch.no_grad():
         try:
-            traced = torch.jit.trace(  # type: ignore[no-untyped-call]
-                flat.eval(), prepared.examples, check_trace=False, strict=False
-            )
+            traced = _trace(prepared.flat, prepared)
         except Exception as exc:
             raise ExportError(
-                f"TorchScript export failed: scripting said {script_error or 'nothing'}, and tracing raised "
+                f"TorchScript export failed: scripting said {script_error}, and tracing raised "
                 f"{type(exc).__name__}: {exc}. Make forward() scriptable (type-annotate it, avoid dynamic "
                 "Python features) or export with format='onnx'."
             ) from exc
-    if decisions and exporter == TRACE:
+    if decisions:
         raise control_flow_error(decisions, fmt="torchscript", evidence="scripting failed, so it would be traced",
                                  script_error=script_failure)
     traced.save(str(path))
-    return TorchScriptArtifact(path, exporter, script_error)
+    return TorchScriptArtifact(path, TRACE, script_error)
+
+
+class _TracingScriptedFailed(Exception):
+    """Scripting took the model, but tracing the flat adapter around the scripted module failed."""
+
+    def __str__(self) -> str:
+        cause = self.args[0]
+        return f"the scripted module could not be traced: {type(cause).__name__}: {_text(cause)}"
+
+
+def _trace(flat: FlatModule, prepared: PreparedModel) -> torch.jit.ScriptModule:
+    traced: torch.jit.ScriptModule = torch.jit.trace(  # type: ignore[no-untyped-call]
+        flat.eval(), prepared.examples, check_trace=False, strict=False
+    )
+    return traced
+
+
+def _text(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else ""
 
 
 def _first_line(error: Exception) -> str:
+    if isinstance(error, _TracingScriptedFailed):
+        return str(error)
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"

@@ -60,6 +60,19 @@ def test_cli_export_prints_one_paragraph_without_traceback_when_input_is_bad(rep
     assert not (repo / "mlp").exists()
 
 
+@pytest.mark.parametrize("rows", ["0", "-3"])
+def test_cli_export_prints_one_paragraph_without_traceback_when_example_batch_is_not_a_row_count(
+    repo: Path, rows: str
+) -> None:
+    done = switchyard("export", "examples.models:build_mlp", "--name", "mlp", "--repository", str(repo),
+                      "--input", "features:FP32:32", "--example-batch", rows)
+
+    assert done.returncode == 1
+    assert f"export failed: --example-batch must be at least 1 (got {rows})" in " ".join(done.stderr.split())
+    assert "Traceback" not in done.stderr
+    assert not (repo / "mlp").exists()
+
+
 def test_cli_export_explains_missing_inputs_when_factory_returns_only_a_module(repo: Path) -> None:
     done = switchyard("export", "examples.models:build_mlp", "--name", "mlp", "--repository", str(repo))
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -232,3 +233,52 @@ def test_export_falls_back_to_torchscript_onnx_exporter_when_dynamo_cannot_take_
     assert any("dynamo exporter failed" in note for note in result.notes)
     assert read_manifest(result.model_dir).exporter == "torch.onnx.torchscript"
     assert result.max_abs_error < 1e-4
+
+
+def test_export_refuses_version_policy_when_it_would_select_no_version(repo: Path) -> None:
+    # Triton refuses such a model: "at least one version must be available under the version policy".
+    with pytest.raises(InvalidSpecError, match=r"version policy specific:5 selects none of the versions model "
+                                               r"'mlp' would have, \[1\] \(version 1 being this export\): Triton "
+                                               r"refuses to load a model whose policy selects no version"):
+        export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"],
+               version_policy="specific:5")
+
+    assert listing(repo) == []
+
+
+@pytest.mark.slow  # exports models
+def test_export_keeps_the_config_when_a_later_versions_policy_would_select_no_version(repo: Path) -> None:
+    export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"])
+    before = {path: (repo / path).read_bytes() for path in listing(repo) if (repo / path).is_file()}
+
+    with pytest.raises(InvalidSpecError, match=r"specific:7,9 selects none of the versions model 'mlp' would have, "
+                                               r"\[1, 2\].*"
+                                               r"List versions that exist \(e\.g\. specific:2\)"):
+        export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"],
+               version_policy="specific:7,9")
+
+    assert {path: (repo / path).read_bytes() for path in listing(repo) if (repo / path).is_file()} == before
+    selected = export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"],
+                      version_policy="specific:1")  # an older version alone is fine: the model still loads
+    assert selected.version == 2
+
+
+@pytest.mark.slow  # exports models
+def test_export_writes_the_opset_asked_for_when_torch_export_cannot_convert_to_it(repo: Path) -> None:
+    # torch.export's exporter writes opset 18 and fails to convert this graph down to 9, keeping 18 with a warning.
+    result = export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"], opset=9)
+
+    model = onnx.load(str(result.model_dir / "model.onnx"))
+    assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [9]
+    assert read_manifest(result.model_dir).toolchain["opset"] == "9"
+    assert result.exporter == "torch.onnx.torchscript"
+    assert any("not the opset 9 asked for" in note for note in result.notes)
+    assert result.parity.passed
+
+
+@pytest.mark.slow  # exports models
+def test_export_refuses_opset_when_no_exporter_can_write_it(repo: Path) -> None:
+    with pytest.raises(ExportError, match=r"wrote opset \d+, not the opset 99 asked for"):
+        export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"], opset=99)
+
+    assert listing(repo) == []

@@ -26,3 +26,18 @@ def test_export_options_refuse_value_when_its_config_field_cannot_hold_it(option
 def test_version_policy_refuses_number_when_its_config_field_cannot_hold_it(text: str) -> None:
     with pytest.raises(InvalidSpecError, match=r"version policy .* must lie between 1 and \d+ \(got \d+\)"):
         VersionPolicy.parse(text)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("option", ["atol", "rtol"])
+def test_export_options_refuse_tolerance_when_it_is_not_a_finite_number(option: str, value: float) -> None:
+    # NaN passes no comparison (every export fails parity, blamed on rounding); infinity passes any answer.
+    with pytest.raises(InvalidSpecError, match=rf"^{option} must be a finite number >= 0 \(got {value}\); leave it "
+                                               r"out for the default"):
+        ExportOptions(name="m", **{option: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("opset", [0, -1])
+def test_export_options_refuse_opset_when_it_is_not_an_opset_version(opset: int) -> None:
+    with pytest.raises(InvalidSpecError, match=rf"^opset must be an ONNX opset version >= 1 \(got {opset}\)"):
+        ExportOptions(name="m", opset=opset)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -16,6 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from exporter import (
     DataDependentControlFlowError,
     DynamicBatchError,
+    InvalidSpecError,
     ModelError,
     ParityError,
     UnsupportedOperatorError,
@@ -308,3 +310,118 @@ def test_export_keeps_extra_axes_dynamic_when_dynamic_axes_given(repo: Path, fmt
     assert [list(t.dims) for t in config.output] == [[16], [-1, 16]]
     # parity ran at other sequence lengths than the example's 6
     assert result.parity.passed
+
+
+class BatchStatistics(nn.Module):
+    """Normalises with the batch's own statistics even in eval mode: a batch of one row cannot be normalised."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(4, track_running_stats=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.norm(x)
+        return out
+
+
+@pytest.mark.slow  # exports models
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_export_names_the_sizes_when_forward_raises_at_a_batch_size_the_gate_feeds(repo: Path, fmt: str) -> None:
+    # The example's batch of 2 runs; batch 1, which any client may send, raises in eager PyTorch.
+    with pytest.raises(ModelError, match=r"forward raised ValueError: Expected more than 1 value per channel .* on "
+                                         r"inputs of shapes x \[1, 4\] float32, which the parity gate fed it because "
+                                         r"a client may send them") as caught:
+        export(BatchStatistics(), torch.randn(2, 4), name="m", repository=repo, format=fmt,  # type: ignore[arg-type]
+               max_batch_size=8)
+    assert isinstance(caught.value.__cause__, ValueError)
+    assert "a smaller max_batch_size" in str(caught.value)
+    assert listing(repo) == []
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (2, 0)])
+def test_export_refuses_example_when_it_holds_no_values(repo: Path, shape: tuple[int, int]) -> None:
+    with pytest.raises(InvalidSpecError, match=rf"example inputs x \[{shape[0]}, {shape[1]}\] hold no values \(a dim "
+                                               r"of size 0\): give at least one row"):
+        export(Linear(), torch.randn(*shape), name="m", repository=repo)
+    assert listing(repo) == []
+
+
+class KeywordOnlyBias(nn.Module):
+    """Scriptable, but a trace of the flat adapter cannot call the scripted forward's keyword-only parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, *, bias: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc(x) + bias
+        return out
+
+
+class NestedOutputs(nn.Module):
+    """Scriptable (as ``Any``), but its dict of mixed values cannot come out of a trace around the scripted module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        y = self.fc(x)
+        return {"scores": y, "extra": (y + 1, {"doubled": y * 2})}
+
+
+@pytest.mark.slow  # exports models
+def test_export_traces_torchscript_when_the_scripted_module_cannot_be_traced(repo: Path) -> None:
+    torch.manual_seed(0)
+    keyword = KeywordOnlyBias().eval()
+    nested = NestedOutputs().eval()
+
+    results = [export(keyword, {"x": torch.randn(2, 4), "bias": torch.randn(2, 3)}, name="keyword", repository=repo,
+                      format="torchscript"),
+               export(nested, torch.randn(2, 4), name="nested", repository=repo, format="torchscript")]
+
+    assert [r.exporter for r in results] == ["torch.jit.trace", "torch.jit.trace"]
+    assert all("the scripted module could not be traced" in " ".join(r.notes) for r in results)
+    served = [torch.jit.load(str(r.model_dir / "model.pt")) for r in results]  # type: ignore[no-untyped-call]
+    x, bias = torch.randn(5, 4), torch.randn(5, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(served[0](x, bias)[0], keyword(x, bias=bias))
+        expected = nested(x)
+        torch.testing.assert_close(list(served[1](x)),
+                                   [expected["scores"], expected["extra"][0], expected["extra"][1]["doubled"]])
+
+
+class IgnoresTokenTypes(nn.Module):
+    """Takes token_type_ids for its signature's sake and never reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(20, 4)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.embedding(input_ids).mean(dim=1)
+        return out
+
+
+@pytest.mark.slow  # exports models
+@pytest.mark.parametrize("how", ["scripted", "opset 11"])
+def test_export_keeps_an_unused_input_when_the_torchscript_based_onnx_exporter_writes_the_file(
+    repo: Path, how: str
+) -> None:
+    torch.manual_seed(0)
+    model = IgnoresTokenTypes().eval()
+    ids = torch.randint(0, 20, (2, 6))
+    # A ScriptModule, or an opset torch.export's exporter cannot write: the TorchScript-based exporter runs.
+    module, opset = (torch.jit.script(model), None) if how == "scripted" else (model, 11)
+
+    result = export(module, (ids, torch.zeros_like(ids)), name="m", repository=repo, opset=opset)
+
+    assert result.exporter == "torch.onnx.torchscript"
+    assert [i.name for i in result.inputs] == ["input_ids", "token_type_ids"]
+    session = ort.InferenceSession(str(result.model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "token_type_ids"]
+    fresh = torch.randint(0, 20, (5, 6))
+    answer = session.run(None, {"input_ids": fresh.numpy(), "token_type_ids": np.ones((5, 6), np.int64)})[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(answer, model(fresh, fresh).numpy(), atol=1e-6)
+    assert any("never reads 'token_type_ids'" in note for note in result.notes)

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from torch import nn
 from tritonclient.grpc import model_config_pb2 as mc
 
-from exporter import DynamicBatchError, ExportError, ParityError, export
+from exporter import DynamicBatchError, ExportError, InvalidSpecError, ParityError, export
 from exporter.artifacts import _guarded
 from exporter.module_io import prepare
 from exporter.parity_device import ON_CPU
@@ -156,3 +156,33 @@ def test_runner_failure_names_the_shapes_and_the_fixed_size_when_other_sizes_fai
                                           r"RuntimeError: Reshape node.*written from the example inputs "
                                           r"\(x \[2, 4, 8\]\) and fails at other sizes"):
         run((torch.randn(1, 4, 9),))
+
+
+@pytest.mark.slow  # exports models
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_export_keeps_axis_dynamic_when_dynamic_axes_counts_it_from_the_last(repo: Path, fmt: str) -> None:
+    # -1 is the last axis, as torch counts: dynamic in config.pbtxt too, and grown by the parity gate.
+    result = export(FirstHalf(), torch.randn(2, 4, 8), name=f"half_{fmt}", repository=repo, max_batch_size=8,
+                    format=fmt, dynamic_axes={"x": [-1]})  # type: ignore[arg-type]
+
+    config = text_format.Parse(result.config_path.read_text(), mc.ModelConfig())
+    assert [list(t.dims) for t in config.input] == [[4, -1]]
+    assert [list(t.dims) for t in config.output] == [[4, -1]]
+    assert {shape[0][2] for shape in result.parity.input_shapes} == {8, 9, 10}
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+@pytest.mark.parametrize(("axes", "message"), [
+    ({"x": [3]}, r"dynamic_axes gives axis 3 of 'x', which has 3 axes for the example inputs \(batch axis 0 "
+                 r"included\): give axes from 1 to 2, or from -3 to -1"),
+    ({"output": {-4: "length"}}, r"dynamic_axes gives axis -4 of 'output', which has 3 axes"),
+    ({"y": [1]}, r"dynamic_axes names 'y', which is not an input or output of the model: name one of "
+                 r"\['output', 'x'\]"),
+])
+def test_export_refuses_dynamic_axes_when_they_name_no_axis_of_the_model(
+    repo: Path, fmt: str, axes: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidSpecError, match=message):
+        export(FirstHalf(), torch.randn(2, 4, 8), name="half", repository=repo, format=fmt,  # type: ignore[arg-type]
+               dynamic_axes=axes)
+    assert listing(repo) == []
