@@ -141,6 +141,9 @@ class ScriptedBackend:
     async def config(self, model: str, version: int) -> model_config_pb2.ModelConfig:
         return text_format.Parse(CONFIG + self.extra_config, model_config_pb2.ModelConfig())
 
+    def decoupled(self, model: str) -> bool:
+        return False  # "double" answers each request once
+
     async def infer(
         self, request: InferRequest, *, version: int, timeout_s: float | None, priority: int
     ) -> InferResponse:

@@ -13,7 +13,7 @@ from services.cli import app
 def test_serve_exits_with_message_when_repository_missing(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["serve", "--repository", str(tmp_path / "nope")])
     assert result.exit_code == 2
-    assert "does not exist (run `make models` first)" in result.output
+    assert "does not exist: give SWITCHYARD_REPOSITORY / --repository" in " ".join(result.output.split())
 
 
 def test_serve_exits_with_message_when_backend_unknown(tmp_path: Path) -> None:
