@@ -15,6 +15,7 @@ from tritonclient.grpc import service_pb2
 
 from services.gateway.errors import InvalidInput, shown
 from services.gateway.grpc_api.shared_memory import output_regions, put_parameters, region_input, shared_parameters
+from services.gateway.grpc_api.unparsed import Unparsed
 from services.gateway.tensors.bytes_codec import BYTES, deserialize, raw_bytes
 from services.gateway.tensors.classification import CLASSIFICATION
 from services.gateway.tensors.datatypes import checked_shape, narrow, numpy_dtype, shaped
@@ -52,7 +53,10 @@ _INTEGER_PARAMS = ("int64_param", "uint64_param")
 
 
 def decode_request(message: Any, regions: TensorRegions = NO_REGIONS) -> InferRequest:
-    """``regions``: the caller's shared-memory regions, which tensor parameters may name."""
+    """``regions``: the caller's shared-memory regions, which tensor parameters may name. ``message`` may be the
+    stand-in for bytes that did not parse (``unparsed.py``): refused here, where every malformed request is."""
+    if type(message) is Unparsed:
+        raise InvalidInput(message.message)
     raw = message.raw_input_contents
     tensors = message.inputs
     given = [tensor.parameters or None for tensor in tensors]  # each read of the field builds a wrapper: once
@@ -90,7 +94,9 @@ def _decode_inputs(tensors: Any, raw: Any, given: list[Any], regions: TensorRegi
     shared = [None if params is None else _shared(tensor, params) for tensor, params in pairs]
     sent = shared.count(None)  # as in Triton, inputs in shared memory have no raw_input_contents entry
     if raw and len(raw) != sent:
-        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {sent} inputs")
+        named = ", ".join(f"'{tensor.name}'" for tensor, region in zip(tensors, shared, strict=True) if region)
+        why = f": the inputs that name a shared-memory region ({named}) have no entry there" if named else ""
+        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {sent} inputs{why}")
     contents = iter(raw)
     return [
         _decode_input(tensor, next(contents) if raw else None, params) if region is None

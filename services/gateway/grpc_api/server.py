@@ -14,6 +14,7 @@ from services.gateway.grpc_api.health import HealthService
 from services.gateway.grpc_api.servicer import InferenceServicer
 from services.gateway.grpc_api.stream import StreamService
 from services.gateway.grpc_api.traced import TracedInferenceServicer
+from services.gateway.grpc_api.unparsed import tolerant_handler
 from services.gateway.repository_api import RepositoryApi
 from services.gateway.security import ServerTls
 
@@ -32,23 +33,47 @@ PING_POLICY: list[tuple[str, int]] = [
 ]
 
 
+SEND_LIMIT = 2**31 - 1
+"""The largest message gRPC's int32 option allows: any answer goes out, whatever ``max_body_bytes`` says of requests."""
+
+
 class GenericHandlersOnly:
     """What the generated ``add_..._to_server`` sees of the server: it hands its method table over twice, as a generic
     handler and as "registered methods"; only the generic one is kept. grpc.aio keeps a waiting task per registered
     method and, for every call it accepts, waits on all of them again (``asyncio.wait``, FIRST_COMPLETED): with the
     21 methods of the inference service that cost more CPU per ``ModelInfer`` than decoding and validating it. The
-    generic handler finds a method by one dict lookup."""
+    generic handler finds a method by one dict lookup; it is kept as ``TolerantHandlers``."""
 
     def __init__(self, server: grpc.aio.Server) -> None:
         self._server = server
 
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
-        self._server.add_generic_rpc_handlers(handlers)
+        self._server.add_generic_rpc_handlers([TolerantHandlers(handler) for handler in handlers])
 
     def add_registered_method_handlers(
         self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]]
     ) -> None:
         return None  # the same table the generic handler holds
+
+
+class TolerantHandlers(grpc.GenericRpcHandler):
+    """A service's generic handler with its methods tolerant of a message that does not parse (``unparsed.py``):
+    INVALID_ARGUMENT rather than gRPC's UNKNOWN. Each method's handler is built once, on its first call; a method
+    the service does not have is not remembered (a client may invent names without end)."""
+
+    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+        self._inner = inner
+        self._handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any] | None:
+        method: str = handler_call_details.method
+        handler = self._handlers.get(method)
+        if handler is None:
+            found = self._inner.service(handler_call_details)
+            if found is None:
+                return None
+            handler = self._handlers[method] = tolerant_handler(method, found)
+        return handler
 
 
 class GatewayServer:
@@ -111,7 +136,9 @@ the certificate read again before a handshake when its files changed; None: plai
         # the limit gRPC refuses it itself while it arrives, uncounted, so that no client makes the gateway hold
         # an unbounded message.
         ("grpc.max_receive_message_length", receive_limit(max_message_bytes)),
-        ("grpc.max_send_message_length", max_message_bytes),
+        # Answers are not the client's to size: a model's outputs may be larger than its inputs (HTTP sends them
+        # whole), so gRPC sends any answer a protobuf message can hold, as Triton does (INT32_MAX).
+        ("grpc.max_send_message_length", SEND_LIMIT),
         # Off unless the node's workers share the port: else a second gateway on the same port would take half of
         # this one's calls instead of failing to start.
         ("grpc.so_reuseport", 1 if reuse_port else 0),

@@ -42,8 +42,15 @@ def scalar(name: str, value: object) -> Scalar:
     if isinstance(value, bool | int | float | str):
         return value
     raise InvalidInput(
-        f"parameter {shown(name)} must be a boolean, an integer, a number or a string, got {type(value).__name__}"
+        f"parameter {shown(name)} must be a boolean, an integer, a number or a string, got {_json_kind(value)}"
     )
+
+
+def _json_kind(value: object) -> str:
+    """What a decoded JSON value that is none of the scalars is, in JSON's words (not Python's ``NoneType``)."""
+    if value is None:
+        return "null"
+    return "a JSON array" if isinstance(value, list) else "a JSON object"
 
 
 def check_request_parameters(
