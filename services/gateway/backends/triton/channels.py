@@ -92,8 +92,10 @@ async def retire(channels: TritonChannels, *, calls_s: float, control_s: float) 
 def channel_options(settings: Settings) -> list[tuple[str, Any]]:
     backoff_ms = int(settings.triton_reconnect_backoff_s * 1000)
     return [
-        ("grpc.max_send_message_length", settings.max_body_bytes),
-        ("grpc.max_receive_message_length", settings.max_body_bytes),
+        # gRPC's largest, not the client's request limit: a request within it may grow on the way (a JSON body's
+        # BYTES gain a 4-byte length per element) and a model's outputs may be larger than its inputs.
+        ("grpc.max_send_message_length", MESSAGE_LIMIT),
+        ("grpc.max_receive_message_length", MESSAGE_LIMIT),
         # Come back within a fraction of a second of Triton's return, not gRPC's default minutes.
         ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
         ("grpc.min_reconnect_backoff_ms", min(100, backoff_ms)),
@@ -109,5 +111,7 @@ def channel_options(settings: Settings) -> list[tuple[str, Any]]:
     ]
 
 
+MESSAGE_LIMIT = 2**31 - 1
+"""The largest message gRPC's int32 options allow (Triton's own limit)."""
 KEEPALIVE_MS = 360_000
 """Above Triton's ``--grpc-http2-min-recv-ping-interval-without-data`` default (300 000 ms)."""
