@@ -119,3 +119,18 @@ def test_encode_answer_leaves_small_answers_as_they_are_when_compression_would_n
     small = BODY[: compression.MIN_COMPRESSED_BYTES - 1]
     assert encode_answer(small, b"gzip") == (small, ((b"vary", b"accept-encoding"),))
     assert encode_answer(BODY, b"identity") == (BODY, ((b"vary", b"accept-encoding"),))
+
+
+@pytest.mark.parametrize("piece", [20, 1 << 20])
+def test_inflater_answers_400_when_a_gzip_body_holds_more_members_than_any_client_sends(piece: int) -> None:
+    """Thousands of empty members inflate to nothing yet cost a fresh inflater each: refused at the bound, before the
+    CPU is spent on them all."""
+    empty = _gzip(b"")
+    members = compression.MAX_GZIP_MEMBERS
+    assert _inflate("gzip", empty * (members - 1) + _gzip(BODY), len(BODY), piece) == BODY  # at the bound: served
+    with pytest.raises(GatewayError) as refused:
+        _inflate("gzip", empty * 100_000, 1 << 20, piece)
+    assert refused.value.status == 400
+    assert str(refused.value) == (
+        f"request body has more than {members} gzip members (Content-Encoding: gzip): send it as one gzip stream"
+    )

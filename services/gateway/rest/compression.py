@@ -45,6 +45,10 @@ def inflater_for(content_encoding: bytes, limit: int) -> Inflater | None:
     return Inflater(coding, limit)
 
 
+MAX_GZIP_MEMBERS = 1024
+"""Gzip members one body may hold: a client compresses a body as one, or joins a few compressed parts."""
+
+
 class Inflater:
     """Inflates a compressed body piece by piece, never holding more than ``limit + 1`` inflated bytes: a few
     compressed kilobytes that would inflate to gigabytes are refused (413) as soon as they pass the limit.
@@ -52,9 +56,11 @@ class Inflater:
     ``deflate`` is RFC 9110's zlib stream (RFC 1950; what tritonclient and curl send); a raw deflate stream (RFC
     1951, what some clients send under the same name) is told apart by its first two bytes: a zlib header's first
     byte has method 8 in its low bits, which a raw stream's first block header (a compressed block type, or a stored
-    block padded with zero bits) does not have. ``gzip`` may hold several members one after the other (RFC 1952)."""
+    block padded with zero bits) does not have. ``gzip`` may hold several members one after the other (RFC 1952), up
+    to ``MAX_GZIP_MEMBERS``: each costs a fresh inflater and a copy of what follows it, so a body of thousands of
+    empty members would cost seconds of CPU while inflating to nothing."""
 
-    __slots__ = ("coding", "_limit", "_inflate", "_lead", "_body")
+    __slots__ = ("coding", "_limit", "_inflate", "_lead", "_body", "_members")
 
     def __init__(self, coding: str, limit: int) -> None:
         self.coding = coding
@@ -63,6 +69,7 @@ class Inflater:
         self._lead = b""
         """A deflate body's first byte while the second is awaited (its framing needs both)."""
         self._body = bytearray()
+        self._members = 1
 
     def feed(self, data: bytes) -> None:
         inflate = self._inflate
@@ -78,6 +85,12 @@ class Inflater:
                 if inflate.eof:
                     if self.coding != GZIP:
                         raise InvalidInput(f"request body has bytes after the end of its {self.coding} data")
+                    self._members += 1
+                    if self._members > MAX_GZIP_MEMBERS:
+                        raise InvalidInput(
+                            f"request body has more than {MAX_GZIP_MEMBERS} gzip members (Content-Encoding: gzip): "
+                            "send it as one gzip stream"
+                        )
                     inflate = self._inflate = zlib.decompressobj(_GZIP_WBITS)  # the next member
                 room = self._limit + 1 - len(self._body)  # never 0 (max_length 0 would mean unbounded)
                 self._body += inflate.decompress(data, room)
