@@ -17,6 +17,7 @@ from exporter.errors import (
     ModelError,
     ParityError,
     RepositoryError,
+    RowDependenceError,
     UnsupportedOperatorError,
 )
 from exporter.specs import TensorSpec, VersionPolicy
@@ -34,6 +35,7 @@ __all__ = [
     "ModelError",
     "ParityError",
     "RepositoryError",
+    "RowDependenceError",
     "TensorSpec",
     "UnsupportedOperatorError",
     "VersionPolicy",

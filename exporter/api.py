@@ -23,11 +23,12 @@ from exporter.model_config import (
     signature_differences,
 )
 from exporter.module_io import ExampleInputs, prepare
+from exporter.module_state import kept_state
 from exporter.parity import ParityReport, check_parity, default_tolerance, parity_batch_sizes
 from exporter.parity_device import eager_on
 from exporter.records import write_manifest, write_samples
 from exporter.repository import ModelRepository
-from exporter.specs import DEFAULT_INSTANCES, ExportOptions, Format, Kind, TensorSpec, VersionPolicy
+from exporter.specs import DEFAULT_INSTANCES, ExportOptions, Format, Kind, TensorSpec, VersionPolicy, batch_size_list
 from exporter.tensors import input_dynamic_dims, resolve_dynamic_axes, served_names, tensor_specs
 from exporter.torch2onnx import DynamicAxes
 from services.modelrepo import layout
@@ -95,7 +96,7 @@ def export(
     options = ExportOptions(
         name=name, repository=str(repository), format=format, max_batch_size=max_batch_size,
         version=version, instances=instances, kind=kind, version_policy=policy,
-        max_queue_delay_us=max_queue_delay_us, preferred_batch_sizes=tuple(preferred_batch_sizes),
+        max_queue_delay_us=max_queue_delay_us, preferred_batch_sizes=batch_size_list(preferred_batch_sizes),
         priority_levels=priority_levels, atol=atol, rtol=rtol, opset=opset, release=release,
     )
     report = progress or (lambda stage: None)
@@ -105,15 +106,10 @@ def export(
             f"version {options.version} of model {name!r} already exists in {repo.root}; omit the version "
             "to write the next free one"
         )
-    # Each submodule's own flag: a model may be training with a frozen batch-norm, or in eval with a dropout on.
-    modes = [(m, m.training) for m in module.modules()] if isinstance(module, nn.Module) else []
-    if isinstance(module, nn.Module):
-        module.eval()  # serving is inference: dropout off, batch-norm running stats
-    try:
+    if not isinstance(module, nn.Module):  # prepare() refuses it, naming what it got
         return _export(module, example_inputs, options, repo, input_names, output_names, dynamic_axes, report, verbose)
-    finally:
-        for submodule, training in modes:
-            submodule.training = training
+    with kept_state(module):
+        return _export(module, example_inputs, options, repo, input_names, output_names, dynamic_axes, report, verbose)
 
 
 def _export(
@@ -159,7 +155,7 @@ def _export(
                         atol=options.atol if options.atol is not None else tolerance,
                         rtol=options.rtol if options.rtol is not None else tolerance,
                         traced=artifact.traced, dynamic_dims=input_dynamic_dims(prepared, dynamic_axes),
-                        device=artifact.device,
+                        device=artifact.device, merges_requests=options.max_batch_size > 1,
                     )
         except ExportError as exc:
             exc.log_path = repo.keep_log(log, options.name)

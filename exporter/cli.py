@@ -45,10 +45,14 @@ def export_command(
     repository: Annotated[Path, typer.Option(help="Triton model repository.")] = Path("model_repository"),
     format: Annotated[str, typer.Option("--format", help="onnx or torchscript.")] = "onnx",
     inputs: Annotated[list[str] | None, typer.Option(
-        "--input", help="NAME:DTYPE:SHAPE without the batch dim, -1 for dynamic dims, e.g. image:FP32:3,64,64."
+        "--input", metavar="NAME:DTYPE:SHAPE",
+        help="One input, SHAPE without the batch dim, -1 for dynamic dims, e.g. image:FP32:3,64,64; repeat it for "
+             "each input (--input a:FP32:4 --input b:FP32:4).",
     )] = None,
     outputs: Annotated[list[str] | None, typer.Option(
-        "--output", help="Name of the model's next output, in the order forward() returns them, e.g. logits."
+        "--output", metavar="NAME",
+        help="Name of the model's next output, in the order forward() returns them, e.g. logits; repeat it for each "
+             "output.",
     )] = None,
     max_batch_size: Annotated[int, typer.Option(help="Largest batch the model accepts.")] = 32,
     version: Annotated[int | None, typer.Option(help="Version to write (default: the next free one).")] = None,
@@ -56,7 +60,10 @@ def export_command(
     kind: Annotated[str, typer.Option(help="instance_group kind: cpu or gpu.")] = "cpu",
     version_policy: Annotated[str, typer.Option(help="latest:N, all or specific:1,2.")] = "latest:1",
     max_queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher queue delay.")] = 2000,
-    preferred_batch_size: Annotated[list[int] | None, typer.Option(help="Preferred batch sizes.")] = None,
+    preferred_batch_size: Annotated[list[int] | None, typer.Option(
+        metavar="N", help="A preferred batch size of the dynamic batcher; repeat it for more "
+                          "(--preferred-batch-size 4 --preferred-batch-size 8).",
+    )] = None,
     priority_levels: Annotated[int, typer.Option(
         help="Priority levels of the dynamic batcher (requests name 1 = highest .. N; 0: none)."
     )] = 0,

@@ -38,6 +38,12 @@ class DataDependentControlFlowError(ModelError):
         """``file:line: code`` of each place in the model's code that decides on data, as far as known."""
 
 
+class RowDependenceError(ModelError):
+    """A row's answer depends on the other rows of its batch (``softmax(dim=0)``, ``x - x.mean(0)``, batch
+    statistics): the dynamic batcher merges different clients' requests into one batch, so each client's answer
+    would depend on its neighbours'."""
+
+
 class UnsupportedOperatorError(ExportError):
     """An operator that no available exporter can convert."""
 

@@ -234,6 +234,17 @@ def _check_signature(params: list[inspect.Parameter], names: tuple[str, ...], ke
             "Pass example_inputs as a dict name->tensor (e.g. {'input_ids': ids}); each key becomes a "
             "served input of that name."
         )
+    keyword_only = [p for p in params if p.kind == p.KEYWORD_ONLY]
+    unreached = len(names) > len(positional) and not var_positional
+    if not keyword and keyword_only and (unreached or any(p.default is p.empty for p in keyword_only)):
+        listed = ", ".join(repr(p.name) for p in keyword_only)
+        example = ", ".join(f"{n!r}: ..." for n in [*positional[:len(names)], *(p.name for p in keyword_only)])
+        raise InvalidSpecError(
+            f"forward({_signature_text(params)}) takes {listed} by keyword only, but the example "
+            f"inputs are positional (a tuple of {len(names)}), which cannot reach a keyword-only parameter. Pass "
+            f"example_inputs as a dict keyed by parameter name, e.g. {{{example}}}; each key becomes a served input "
+            "of that name."
+        )
     if keyword and not var_keyword:
         accepted = {p.name for p in params if p.kind != p.POSITIONAL_ONLY}
         unknown = [n for n in names if n not in accepted]
@@ -242,6 +253,11 @@ def _check_signature(params: list[inspect.Parameter], names: tuple[str, ...], ke
                 f"example inputs {unknown} are not parameters of forward({', '.join(p.name for p in params)}); "
                 "dict keys must match forward's argument names"
             )
+
+
+def _signature_text(params: list[inspect.Parameter]) -> str:
+    """forward's parameters as its ``def`` writes them (``x, *, y``), without annotations."""
+    return str(inspect.Signature([p.replace(annotation=p.empty, default=p.empty) for p in params])).strip("()")
 
 
 def _run_eager(

@@ -5,6 +5,7 @@ refused, with the likely causes in the order they are likely."""
 from __future__ import annotations
 
 import ctypes
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ import numpy.typing as npt
 import torch
 
 from exporter.dtypes import as_numpy
-from exporter.errors import DynamicBatchError, ModelError, ParityError
+from exporter.errors import DynamicBatchError, ModelError, ParityError, RowDependenceError
 from exporter.module_io import PreparedModel
 from exporter.parity_device import ON_CPU, ParityDevice, onnx_providers, onnx_started
 from exporter.parity_draws import DRAWS, Stats, draw_inputs, like_example
@@ -46,6 +47,8 @@ class OutputParity:
     """How the inputs were drawn (``exporter.parity_draws``)."""
     scaled_error: float = 0.0
     """``max_abs_error`` as a fraction of the largest expected value of the output."""
+    expected_at_worst: float = 0.0
+    """The expected value where the difference is largest: a relative difference means nothing where it is 0."""
 
 
 @dataclass(frozen=True)
@@ -89,13 +92,21 @@ class ParityReport:
 
     def failures_text(self) -> str:
         failed = [c for c in self.checks if not c.passed]
-        shown = "; ".join(
-            f"{c.output} @ batch {c.batch_size}, inputs {c.draw}: max abs {c.max_abs_error:.3g}, max rel "
-            f"{c.max_rel_error:.3g} (tolerance atol={c.atol:g}, rtol={c.rtol:g})"
-            for c in failed[:SHOWN_FAILURES]
-        )
+        shown = "; ".join(_failure_text(c) for c in failed[:SHOWN_FAILURES])
         more = len(failed) - SHOWN_FAILURES
         return shown + (f"; and {more} more of {len(self.checks)} checks" if more > 0 else "")
+
+
+def _failure_text(check: OutputParity) -> str:
+    """One failed check in the tolerance's own terms: a difference is allowed up to atol + rtol * |expected|."""
+    where = f"expected {check.expected_at_worst:.3g} there"
+    if check.max_abs_error == float("inf") and math.isnan(check.expected_at_worst):
+        where = "the shapes differ"
+    elif check.expected_at_worst == 0:
+        where = "expected 0 there, so only atol allows a difference"
+    return (f"{check.output} @ batch {check.batch_size}, inputs {check.draw}: max abs {check.max_abs_error:.3g}, "
+            f"{where} (tolerance atol={check.atol:g}, rtol={check.rtol:g}: |actual - expected| <= atol + rtol * "
+            "|expected|)")
 
 
 def parity_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
@@ -139,8 +150,12 @@ def check_parity(
     traced: str = "",
     dynamic_dims: Mapping[str, Sequence[int]] | None = None,
     device: ParityDevice = ON_CPU,
+    merges_requests: bool = False,
 ) -> ParityReport:
-    """``dynamic_dims`` (input name -> non-batch axes) are resized too, differently at each batch size. ``traced``
+    """``merges_requests``: the served model's dynamic batcher merges requests into one batch (max_batch_size > 1),
+    so each row's answer must not depend on the other rows; checked on eager PyTorch at the largest batch, once the
+    artifact matched (``check_rows_independent``). ``dynamic_dims`` (input name -> non-batch axes) are resized too,
+    differently at each batch size. ``traced``
     says how a trace made the artifact, when one did: a frozen decision is then the first suspect. ``device``: where
     the runner runs; the inputs are drawn on the CPU (the same draws everywhere) and handed to eager PyTorch and the
     runner on ``device.eager``, where the caller has put ``prepared.flat`` (``parity_device.eager_on``)."""
@@ -151,6 +166,8 @@ def check_parity(
     shapes: list[tuple[tuple[int, ...], ...]] = []
     first_failure: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] | None = None
     steps = parity_steps(batch_sizes, any(dims.values()))
+    largest = max(batch for batch, _ in steps)
+    merged: list[tuple[str, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = []
     for batch, grow in steps:
         step_shapes = tuple(_shape(t, batch, dims.get(name, ()), grow)
                             for name, t in zip(prepared.input_names, prepared.examples, strict=True))
@@ -164,11 +181,47 @@ def check_parity(
             checks.extend(new)
             if first_failure is None and not all(c.passed for c in new):
                 first_failure = (inputs, expected)
+            if merges_requests and batch == largest > 1 and len(merged) < len(DRAWS):
+                merged.append((draw.name, inputs, expected))
     report = ParityReport(tuple(batch for batch, _ in steps), tuple(checks), tuple(shapes),
                           tuple(d.name for d in DRAWS), device.runtime, device.note)
     if first_failure is not None:
         raise ParityError(_failure_message(report, prepared, first_failure, traced))
+    for draw_name, inputs, expected in merged:
+        check_rows_independent(prepared, inputs, expected, atol, rtol, draw_name)
     return report
+
+
+def check_rows_independent(
+    prepared: PreparedModel,
+    inputs: tuple[torch.Tensor, ...],
+    expected: tuple[torch.Tensor, ...],
+    atol: float,
+    rtol: float,
+    draw: str,
+) -> None:
+    """Refuse a model whose answer for a row depends on the other rows of its batch: ``expected`` (the batch's
+    answers) against the same rows run in two requests, the first row alone and the others together, as a
+    dynamic batcher may have split them. Eager PyTorch only: two more runs of rows the gate already ran."""
+    batch = inputs[0].shape[0]
+    parts = [_eager(prepared, tuple(t[start:stop] for t in inputs), stop - start)
+             for start, stop in ((0, 1), (1, batch))]
+    for index, name in enumerate(prepared.output_names):
+        apart = torch.cat([part[index] for part in parts])
+        check = _compare(name, batch, apart, as_numpy(expected[index].detach().cpu()), atol, rtol, draw)
+        if not check.passed:
+            raise RowDependenceError(
+                f"output {name!r} of a row depends on the other rows of its batch: eager PyTorch answers a batch of "
+                f"{batch} rows (inputs {draw}) differently from the same rows sent as two requests (the first row "
+                f"alone, the other {batch - 1} together), by up to {check.max_abs_error:.3g} (tolerance atol="
+                f"{atol:g}, rtol={rtol:g}). The served model's dynamic batcher merges requests from different clients "
+                "into one batch, so each client's answer would depend on its neighbours'. Typical causes: an "
+                "operation across the batch axis (softmax or a normalisation over dim 0, x.max(), x.mean(0) or "
+                "x.sum() over the whole tensor), a batch norm using batch statistics (track_running_stats=False, or "
+                "train mode forced in forward), an `if` on a whole-batch value. Ways out: make forward() row-wise "
+                "(reduce over the other dims, e.g. dim=-1 with keepdim=True; running statistics), or export with "
+                "max_batch_size=1 (--max-batch-size 1) so each request runs alone."
+            )
 
 
 def _shape(example: torch.Tensor, batch: int, grow_axes: Sequence[int], grow: int) -> tuple[int, ...]:
@@ -261,7 +314,8 @@ def _compare(
     expected = ref.detach().cpu().double().numpy() if ref.is_floating_point() else as_numpy(ref)
     actual = np.asarray(out)
     if actual.shape != expected.shape:
-        return OutputParity(name, batch, float("inf"), float("inf"), atol, rtol, False, draw, float("inf"))
+        return OutputParity(name, batch, float("inf"), float("inf"), atol, rtol, False, draw, float("inf"),
+                            float("nan"))
     a = actual.astype(np.float64)
     e = expected.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -269,13 +323,18 @@ def _compare(
     same = (a == e) | (np.isnan(a) & np.isnan(e))  # equal infinities and NaN on both sides agree
     diff = np.where(same, 0.0, np.nan_to_num(diff, nan=np.inf))
     max_abs = float(diff.max()) if diff.size else 0.0
-    rel = diff / np.maximum(np.abs(e), np.finfo(np.float64).tiny)
+    worst = float(e.flat[int(np.argmax(diff))]) if diff.size else 0.0
+    # Relative to a 0 the difference is a division by zero (1e+307 from the smallest float): only where it means
+    # something, the elements whose expected value is not 0.
+    nonzero = e != 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rel = np.where(nonzero, diff / np.where(nonzero, np.abs(e), 1.0), 0.0)
     max_rel = float(np.nan_to_num(rel, nan=np.inf).max()) if rel.size else 0.0
     passed = bool(np.all(diff <= atol + rtol * np.abs(np.nan_to_num(e))))
     finite = np.abs(e[np.isfinite(e)])
     scale = float(finite.max()) if finite.size else 0.0
     scaled = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
-    return OutputParity(name, batch, max_abs, max_rel, atol, rtol, passed, draw, scaled)
+    return OutputParity(name, batch, max_abs, max_rel, atol, rtol, passed, draw, scaled, worst)
 
 
 def onnx_runner(path: Path, input_names: Sequence[str], device: ParityDevice = ON_CPU) -> tuple[Runner, ParityDevice]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -164,6 +165,7 @@ class ExportOptions:
 
     def __post_init__(self) -> None:
         validate_model_name(self.name)
+        self._check_types()
         if self.format not in ("onnx", "torchscript"):
             raise InvalidSpecError(f"invalid format {self.format!r}: expected 'onnx' or 'torchscript'")
         if self.kind not in ("cpu", "gpu"):
@@ -203,3 +205,38 @@ class ExportOptions:
                     f"{label} must be a finite number >= 0 (got {tol}); leave it out for the default (1e-4 for fp32 "
                     "models, 1e-2 for fp16/bf16)"
                 )
+
+    def _check_types(self) -> None:
+        """Options from Python arrive unchecked (``instances=2.5``): refuse a wrong type naming the option, before a
+        comparison or protobuf raises a bare TypeError; integer-valued numpy numbers become plain ints."""
+        for label in ("max_batch_size", "instances", "max_queue_delay_us", "priority_levels", "version", "opset"):
+            value = getattr(self, label)
+            if value is None and label in ("version", "opset"):
+                continue
+            object.__setattr__(self, label, _integer(label, value))
+        object.__setattr__(self, "preferred_batch_sizes", batch_size_list(self.preferred_batch_sizes))
+        for label in ("atol", "rtol"):
+            value = getattr(self, label)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+                raise InvalidSpecError(
+                    f"{label} must be a number, e.g. 1e-4 (got {type(value).__name__} {value!r})"
+                )
+        if self.release is not None and not isinstance(self.release, bool):
+            raise InvalidSpecError(
+                f"release must be True, False or None (got {type(self.release).__name__} {self.release!r})"
+            )
+
+
+def batch_size_list(sizes: object) -> tuple[int, ...]:
+    """``preferred_batch_sizes`` as given from Python (a list or tuple of integers) as the tuple an export holds."""
+    if not isinstance(sizes, tuple | list):
+        raise InvalidSpecError(
+            f"preferred_batch_sizes must be a list of integers, e.g. [4, 8] (got {type(sizes).__name__} {sizes!r})"
+        )
+    return tuple(_integer("each of preferred_batch_sizes", b) for b in sizes)
+
+
+def _integer(label: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidSpecError(f"{label} must be an integer (got {type(value).__name__} {value!r})")
+    return int(value)

@@ -24,7 +24,7 @@ from exporter.control_flow import (
     recorded_decisions,
     traced_decisions,
 )
-from exporter.errors import DynamicBatchError, ExportError, UnsupportedOperatorError
+from exporter.errors import DynamicBatchError, ExportError, InvalidSpecError, UnsupportedOperatorError
 from exporter.isolation import fresh_torch_state
 from exporter.module_io import FlatModule, PreparedModel
 from exporter.onnx_inputs import restore_dropped_inputs
@@ -70,6 +70,8 @@ def export_onnx(
     dynamic_axes: DynamicAxes | None = None,
     opset: int | None = None,
 ) -> OnnxArtifact:
+    if opset is not None:
+        check_opset(opset)
     extra_axes = _normalise_axes(prepared, dynamic_axes)
     examples = _at_least_two_rows(prepared.examples)
     with fresh_torch_state():
@@ -87,6 +89,23 @@ def export_onnx(
             "this model (e.g. 17 or newer), or leave opset unset."
         )
     return OnnxArtifact(path, exporter, opset_used, fallback_reason, restored)
+
+
+def check_opset(opset: int) -> None:
+    """Refuse, before minutes of exporting, an opset neither installed exporter can write: the torch.export-based
+    one writes its own and converts it to others up to torch's newest, the TorchScript-based one writes its range."""
+    from torch.onnx import _constants
+
+    lowest = _constants.ONNX_MIN_OPSET
+    legacy_highest = _constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET
+    highest = max(_constants.ONNX_MAX_OPSET, legacy_highest)
+    if not lowest <= opset <= highest:
+        raise InvalidSpecError(
+            f"opset={opset} is not one the installed ONNX exporters can write: torch {torch.__version__} writes "
+            f"opsets {lowest} to {highest} (the torch.export-based exporter converts its own to {highest} at most, "
+            f"the TorchScript-based one writes {lowest} to {legacy_highest}). Ask for an opset in that range that "
+            "your runtime loads (Triton's onnxruntime backend lists the opsets it supports), or leave opset unset."
+        )
 
 
 def _opset(model: onnx.ModelProto) -> int:

@@ -63,6 +63,14 @@ class UnscriptableItemBranch(ItemBranch):
 
 
 BRANCHING = {"sign": SignBranch, "batch": BatchBranch, "item": ItemBranch}
+MAX_BATCH_SIZE = {"sign": 1, "batch": 32, "item": 32}
+"""What each model is exported with. A decision on a whole batch's values makes a row's answer depend on the other
+rows, which a dynamic batcher merging clients' requests must not see (``RowDependenceError``): the sign model is
+served one row per request, where deciding on the request's values is deciding on the row's. The batch model's
+decision on the batch size is refused batched whatever is done (``RowDependenceError``, after the parity gate kept
+both ways), and means nothing one row at a time."""
+KEPT_BOTH_WAYS = ("item", "sign")
+"""The models an export publishes (the item model's draws never split a batch across its threshold)."""
 UNSCRIPTABLE = {"sign": UnscriptableSignBranch, "item": UnscriptableItemBranch}
 
 
@@ -76,11 +84,12 @@ def build(kind: str) -> nn.Module:
 
 
 def examples(kind: str) -> list[torch.Tensor]:
-    """Examples an export may be given, taking each way of the decision, two of each for the sign (seeds whose draws
-    sum above and below 0): whichever way the example takes, the export must keep both. Random draws alone would
-    not do: every seed's example of 4 rows has a value above 1.0 and more than 3 rows."""
+    """Examples an export may be given, taking each way of the decision, two of each for the sign (seeds whose row
+    sums below and above 0: one row, as ``MAX_BATCH_SIZE`` serves it): whichever way the example takes, the export
+    must keep both. Random draws alone would not do: every seed's example of 4 rows has a value above 1.0 and more
+    than 3 rows."""
     if kind == "sign":
-        return [example(seed) for seed in (0, 1, 3, 2)]
+        return [example(seed, batch=1) for seed in (0, 3, 1, 8)]
     if kind == "batch":
         return [example(0, batch=2), example(0, batch=4)]
     return [example(0) * 0.1, example(0)]

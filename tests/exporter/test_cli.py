@@ -156,3 +156,17 @@ def test_cli_export_binds_inputs_by_name_and_fits_the_example_when_max_batch_siz
     session = ort.InferenceSession(str(repo / "weighted" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
     answer = session.run(None, {"a": np.ones((1, 5), np.float32), "b": np.zeros((1, 5), np.float32)})[0]
     np.testing.assert_allclose(answer, 2.0)  # eager forward(a=1, b=0)
+
+
+def test_cli_export_help_shows_one_value_per_option_when_an_option_repeats() -> None:
+    # A list metavar (<list[str]>) invited `--input a:FP32:4 b:FP32:4` and `--preferred-batch-size 4,8`, which fail.
+    done = CliRunner().invoke(app, ["export", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"})
+
+    assert done.exit_code == 0, done.output
+    text = " ".join(done.output.split())
+    assert "<list[" not in text
+    assert "--input NAME:DTYPE:SHAPE" in text
+    assert "--output NAME" in text
+    assert "--preferred-batch-size N" in text
+    assert "repeat it for each input (--input a:FP32:4 --input b:FP32:4)" in text
+    assert "repeat it for more (--preferred-batch-size 4 --preferred-batch-size 8)" in text

@@ -14,7 +14,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from exporter import DataDependentControlFlowError, ExportResult, export
+from exporter import DataDependentControlFlowError, ExportResult, RowDependenceError, export
 from services.cli import app
 from tests.exporter import branching_models as models
 from tests.exporter.helpers import listing
@@ -55,16 +55,30 @@ def assert_right_each_way(result: ExportResult, kind: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("kind", sorted(models.BRANCHING))
+@pytest.mark.parametrize("kind", models.KEPT_BOTH_WAYS)
 def test_export_keeps_both_ways_when_forward_decides_on_data(repo: Path, kind: str, fmt: str) -> None:
     examples = models.examples(kind)
     assert {takes_first_way(kind, x) for x in examples} == {True, False}  # examples that take each way
     for index, example in enumerate(examples):
         result = export(models.build(kind), example, name=f"{kind}{index}", repository=repo,
-                        format=fmt)  # type: ignore[arg-type]
+                        format=fmt, max_batch_size=models.MAX_BATCH_SIZE[kind])  # type: ignore[arg-type]
 
         assert_right_each_way(result, kind)
         assert result.exporter.startswith("torch.jit.script"), result.exporter
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_refuses_batch_size_decision_as_row_dependence_when_the_artifact_kept_both_ways(
+    repo: Path, fmt: str
+) -> None:
+    # The parity gate runs batches on each side of the decision (1, 7, 32) first: a frozen decision would fail
+    # there with ParityError (or be refused with DataDependentControlFlowError); kept, it is the rows' dependence
+    # on their batch that refuses it.
+    for example in models.examples("batch"):
+        with pytest.raises(RowDependenceError, match=r"^output 'output' of a row depends on the other rows"):
+            export(models.build("batch"), example, name="m", repository=repo, format=fmt)  # type: ignore[arg-type]
+        assert listing(repo) == []
 
 
 @pytest.mark.slow
@@ -87,20 +101,20 @@ def test_export_refuses_naming_the_line_when_only_a_trace_could_take_the_decisio
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", [None, "torchscript"])  # None: the default format, ONNX
-@pytest.mark.parametrize("kind", sorted(models.BRANCHING))
+@pytest.mark.parametrize("kind", models.KEPT_BOTH_WAYS)
 def test_cli_export_keeps_both_ways_when_forward_decides_on_data(repo: Path, kind: str, fmt: str | None) -> None:
     runner = CliRunner()
     count = len(models.examples(kind))
     for index in range(count):
-        options = [] if fmt is None else ["--format", fmt]
+        options = ["--max-batch-size", str(models.MAX_BATCH_SIZE[kind]), *([] if fmt is None else ["--format", fmt])]
         done = runner.invoke(app, ["export", f"tests.exporter.branching_models:{kind}_model", "--name", "m",
                                    "--repository", str(repo), *options],
                              env={models.EXAMPLE_VARIABLE: str(index)})
 
         assert done.exit_code == 0, done.output
         assert f"m version {index + 1}" in done.stdout
-    result = export(models.build(kind), models.example(0), name="m", repository=repo,
-                    format=fmt or "onnx")  # type: ignore[arg-type]
+    result = export(models.build(kind), models.examples(kind)[0], name="m", repository=repo,
+                    format=fmt or "onnx", max_batch_size=models.MAX_BATCH_SIZE[kind])  # type: ignore[arg-type]
     for version in range(1, count + 2):
         published = ExportResult(**{**result.__dict__, "model_dir": repo / "m" / str(version)})
         assert_right_each_way(published, kind)

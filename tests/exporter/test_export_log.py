@@ -24,7 +24,7 @@ DIAGNOSTICS = ("torch.ops.aten", "symbolic_shapes", "TracerWarning", "GuardOnDat
 def cli_export(repo: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "services", "export", "tests.exporter.branching_models:sign_model", "--name", "sign",
-         "--repository", str(repo), *extra],
+         "--repository", str(repo), "--max-batch-size", str(models.MAX_BATCH_SIZE["sign"]), *extra],
         capture_output=True, text=True, cwd=ROOT, timeout=300, check=False,
         env={**os.environ, models.EXAMPLE_VARIABLE: "3"},
     )

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from torch.nn import Linear
 
-from exporter import InvalidSpecError
+from exporter import InvalidSpecError, export
 from exporter.specs import ExportOptions, VersionPolicy
+from tests.exporter.helpers import listing
 
 
 @pytest.mark.parametrize(("option", "value", "field"), [
@@ -41,3 +46,44 @@ def test_export_options_refuse_tolerance_when_it_is_not_a_finite_number(option: 
 def test_export_options_refuse_opset_when_it_is_not_an_opset_version(opset: int) -> None:
     with pytest.raises(InvalidSpecError, match=rf"^opset must be an ONNX opset version >= 1 \(got {opset}\)"):
         ExportOptions(name="m", opset=opset)
+
+
+@pytest.mark.parametrize(("option", "value", "expected"), [
+    ("instances", 2.5, "an integer"),
+    ("max_batch_size", "32", "an integer"),
+    ("max_queue_delay_us", 1e3, "an integer"),
+    ("priority_levels", True, "an integer"),
+    ("version", 2.0, "an integer"),
+    ("opset", "17", "an integer"),
+    ("preferred_batch_sizes", 4, "a list of integers"),
+    ("preferred_batch_sizes", [4, 8.5], "an integer"),
+    ("atol", "1e-3", "a number"),
+    ("release", "yes", "True, False or None"),
+])
+def test_export_refuses_option_naming_it_when_its_type_is_wrong(
+    repo: Path, option: str, value: object, expected: str
+) -> None:
+    with pytest.raises(InvalidSpecError, match=rf"{option} must be {re.escape(expected)}\b.*\(got "):
+        export(Linear(4, 2), torch.randn(2, 4), name="m", repository=repo, **{option: value})  # type: ignore[arg-type]
+    assert listing(repo) == []
+
+
+def test_export_options_keep_integer_options_as_ints_when_given_numpy_integers() -> None:
+    options = ExportOptions(name="m", instances=np.int64(3), preferred_batch_sizes=(np.int32(4),))  # type: ignore[arg-type]
+
+    assert type(options.instances) is int
+    assert options.instances == 3
+    assert options.preferred_batch_sizes == (4,)
+    assert type(options.preferred_batch_sizes[0]) is int
+
+
+@pytest.mark.parametrize("opset", [30, 6])
+def test_export_names_the_opsets_the_exporters_write_when_opset_is_past_them(repo: Path, opset: int) -> None:
+    with pytest.raises(InvalidSpecError) as caught:
+        export(Linear(4, 2), torch.randn(2, 4), name="m", repository=repo, opset=opset)
+
+    message = str(caught.value)
+    assert message.startswith(f"opset={opset} is not one the installed ONNX exporters can write: torch ")
+    assert re.search(r"writes opsets 7 to \d\d ", message), message
+    assert "format='torchscript'" not in message
+    assert listing(repo) == []

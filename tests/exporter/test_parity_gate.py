@@ -114,3 +114,21 @@ def test_draws_move_sign_and_scale_when_inputs_are_floating_point() -> None:
     assert abs(float(drawn["a tenth of the example's scale"].mean())) < 0.5
     extremes = drawn["extremes of the example's range"]
     assert set(np.unique(extremes.numpy())) == {np.float32(stats[0].low), np.float32(stats[0].high)}
+
+
+def test_check_parity_says_expected_zero_when_the_largest_difference_is_where_eager_answers_zero() -> None:
+    module = torch.nn.ReLU()
+    prepared = prepare(module, models.example(0))
+
+    def off_at_zero(inputs: tuple[torch.Tensor, ...]) -> list[npt.NDArray[Any]]:
+        with torch.no_grad():
+            return [(module(*inputs) + 0.5 * (inputs[0] <= 0)).numpy()]
+
+    with pytest.raises(ParityError) as caught:
+        check_parity(prepared, off_at_zero, (1, 8), atol=1e-4, rtol=1e-4)
+
+    message = str(caught.value)
+    assert "max abs 0.5, expected 0 there, so only atol allows a difference (tolerance atol=0.0001, rtol=0.0001: " \
+           "|actual - expected| <= atol + rtol * |expected|)" in message
+    assert "e+30" not in message  # no relative difference to a 0 (a division by the smallest float)
+    assert "max rel" not in message

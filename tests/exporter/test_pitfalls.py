@@ -217,6 +217,17 @@ def test_export_explains_kwargs_forward_when_inputs_are_positional(repo: Path) -
         export(KwargsOnly(), (torch.ones(2, 6),), name="m", repository=repo)
 
 
+def test_export_names_keyword_only_parameter_when_examples_are_positional(repo: Path) -> None:
+    with pytest.raises(InvalidSpecError) as caught:
+        export(KeywordOnlyBias(), (torch.randn(2, 4), torch.randn(2, 3)), name="m", repository=repo)
+
+    message = str(caught.value)
+    assert message.startswith("forward(x, *, bias) takes 'bias' by keyword only, but the example inputs are "
+                              "positional")
+    assert "Pass example_inputs as a dict keyed by parameter name, e.g. {'x': ..., 'bias': ...}" in message
+    assert listing(repo) == []
+
+
 def test_export_wraps_error_when_forward_raises(repo: Path) -> None:
     with pytest.raises(ModelError, match="forward raised ValueError: expected 3 channels") as caught:
         export(Raises(), torch.randn(2, 4), name="m", repository=repo)
@@ -285,6 +296,44 @@ def test_export_restores_each_submodules_mode_when_modes_are_mixed(repo: Path) -
     export(model, torch.randn(2, 8), name="m", repository=repo, format="torchscript")
 
     assert [m.training for m in model.modules()] == modes
+
+
+class CountsInABuffer(nn.Module):
+    """Writes its own state in forward (a call counter, a running average): the export runs forward many times."""
+
+    calls: torch.Tensor
+    seen: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("seen", torch.zeros(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.seen = self.seen + x.detach().abs().mean(0)  # replaces the buffer, not only its values
+        with torch.no_grad():
+            self.fc.bias.mul_(1.0)  # a write to a parameter that leaves its values
+        out: torch.Tensor = self.fc(x)
+        return out
+
+
+@pytest.mark.slow  # exports models
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_export_leaves_buffers_and_parameters_unchanged_when_forward_writes_them(repo: Path, fmt: str) -> None:
+    torch.manual_seed(0)
+    model = CountsInABuffer()
+    before = {name: t.detach().clone() for name, t in model.state_dict().items()}
+    objects = {name: id(t) for name, t in [*model.named_buffers(), *model.named_parameters()]}
+
+    export(model, torch.randn(2, 8), name="m", repository=repo, format=fmt)  # type: ignore[arg-type]
+
+    after = model.state_dict()
+    assert int(after["calls"]) == 0
+    for name, value in before.items():
+        torch.testing.assert_close(after[name], value, rtol=0, atol=0, msg=name)
+    assert {name: id(t) for name, t in [*model.named_buffers(), *model.named_parameters()]} == objects
 
 
 class MeanEmbedding(nn.Module):
