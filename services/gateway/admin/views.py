@@ -77,12 +77,14 @@ def overview(manager: VersionManager) -> dict[str, Any]:
 
 
 def _problem(manager: VersionManager, model: str) -> str | None:
-    """Why the model does not serve; while it serves, the versions on disk that failed to load or warm up."""
+    """Why the model does not serve; while it serves, the versions on disk that failed to load or warm up, and a
+    routing another gateway set that this one could not take (it serves its own meanwhile: the replicas differ)."""
     router = manager.router
+    behind = manager.behind.get(model)
     if not router.ready(model):
-        return router.problem(model)
-    failed = router.failures(model)
-    return "; ".join(f"version {v} does not serve: {reason}" for v, reason in failed.items()) or None
+        return "; ".join(p for p in (router.problem(model), behind and behind[1]) if p) or None
+    failed = [f"version {v} does not serve: {reason}" for v, reason in router.failures(model).items()]
+    return "; ".join([*failed, behind[1]] if behind else failed) or None
 
 
 def _cache(manager: VersionManager, model: str) -> dict[str, Any] | None:

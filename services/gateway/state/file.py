@@ -47,6 +47,8 @@ class FileStateStore:
     """A ``StateStore`` for one gateway: the routing file at ``path``, the audit log at ``<stem>.events.jsonl``
     (rotated to ``.1`` past ``max_event_bytes``) and ``<path>.lock``, held while the store is open."""
 
+    shared = False
+
     def __init__(self, path: Path, *, max_event_bytes: int = 10 * 1024 * 1024) -> None:
         if max_event_bytes < 1:
             raise ValueError(f"max_event_bytes must be positive, got {max_event_bytes}")

@@ -28,12 +28,18 @@ _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del
 
 
 class RedisStateStore:
+    shared = True
+
     def __init__(self, url: str, *, prefix: str = "switchyard", lock_ttl_s: float = 15.0) -> None:
         self._url = url
         self._prefix = prefix
         self._lock_ttl_ms = int(lock_ttl_s * 1000)
         self._client: Any = None
         self._down = False
+        self._unreleased: dict[str, str] = {}
+        """Lock key -> our value, for the locks whose release failed (Redis unreachable as the action ended): a Redis
+        that comes back from its append-only file still holds them, and would refuse every replica's action on the
+        model (409 naming an action that has ended) until the lock's time to live ran out."""
 
     @property
     def _routing(self) -> str:
@@ -94,6 +100,7 @@ class RedisStateStore:
     async def lock(self, model: str, holder: str) -> AsyncIterator[None]:
         key = f"{self._prefix}:lock:{model}"
         value = json.dumps({"token": uuid.uuid4().hex, "holder": holder})
+        await self._release_unreleased()
         taken = await self._call("locking", self._client.set(key, value, nx=True, px=self._lock_ttl_ms))
         if not taken:
             current = await self._call("locking", self._client.get(key))
@@ -105,18 +112,13 @@ class RedisStateStore:
         finally:
             renewal.cancel()
             await asyncio.gather(renewal, return_exceptions=True)
-            with contextlib.suppress(RedisError, OSError):
-                await self._client.eval(_RELEASE, 1, key, value)
+            self._unreleased[key] = value
+            await self._release_unreleased()
 
     async def watch(self, on_change: OnChange) -> None:
-        known: dict[str, int] = {}
-
-        async def told(model: str, record: RoutingRecord) -> None:
-            if record.generation > known.get(model, 0):
-                known[model] = record.generation
-                await on_change(model, record)
-
-        await asyncio.gather(self._listen(told), self._poll(told))
+        """Every poll tells every record, not only those it has not told before: a replica that could not take a
+        record (a version its repository lacked for a while) takes it once it can, not at the next change."""
+        await asyncio.gather(self._listen(on_change), self._poll(on_change))
 
     async def _listen(self, told: OnChange) -> None:
         """Pub/sub: each message names a model whose record changed."""
@@ -152,8 +154,20 @@ class RedisStateStore:
             if self._down:
                 log.info("the state store at %s answers again; following its routing", self._where)
                 self._down = False
+            await self._release_unreleased()
             for model, record in records.items():
                 await told(model, record)
+
+    async def _release_unreleased(self) -> None:
+        """Release the locks this gateway still holds for actions that have ended (only while still ours: one that
+        expired meanwhile may be another gateway's now); those Redis cannot be reached for wait for the next try."""
+        for key, value in list(self._unreleased.items()):
+            try:
+                await self._client.eval(_RELEASE, 1, key, value)
+            except (RedisError, OSError):
+                return
+            if self._unreleased.get(key) == value:  # not a lock of a later action, taken while this awaited
+                del self._unreleased[key]
 
     async def _renew(self, key: str, value: str) -> None:
         while True:

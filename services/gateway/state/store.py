@@ -18,6 +18,10 @@ class StateBusy(Exception):
 
 
 class StateStore(Protocol):
+    shared: bool
+    """Other gateways read and write the same records (Redis): what one gateway's repository lacks, another's may
+    hold, so a start repairs only its own view of a record, never the record the others serve by."""
+
     async def open(self) -> None:
         """Acquire what the store needs (files, locks, connections); raise ``StateError`` naming the cause."""
 
@@ -44,4 +48,5 @@ class StateStore(Protocol):
 
     async def watch(self, on_change: OnChange) -> None:
         """Call ``on_change`` for every routing record other gateways write (within a second), until cancelled;
-        returns at once for a store no other gateway shares."""
+        returns at once for a store no other gateway shares. A record may be told again (a shared store tells every
+        record at each poll): ``on_change`` skips what it has taken already and retries what it could not take."""

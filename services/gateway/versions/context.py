@@ -55,6 +55,8 @@ class VersionContext(Protocol):
     """The last report of each model's actions."""
     follow_failures: dict[tuple[str, int], float]
     """(model, generation) -> when following a routing record another gateway wrote failed."""
+    behind: dict[str, tuple[int, str]]
+    """model -> the newest generation another gateway wrote that this one could not take, and why."""
     cache: OnDemand | None
     """The model cache, when ``SWITCHYARD_MODEL_CACHE_MB`` is set: only pinned models load at start or follow the
     routing's loaded versions; the others load on demand."""

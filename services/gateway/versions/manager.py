@@ -70,12 +70,18 @@ class VersionManager:
         self.last: dict[str, ActionReport] = {}
         self.follow_failures: dict[tuple[str, int], float] = {}
         """(model, generation) -> when following a routing record another gateway wrote failed (``replicas``)."""
+        self.behind: dict[str, tuple[int, str]] = {}
+        """model -> the newest routing generation another gateway wrote that this one could not take, and why, until
+        it routes by that generation or a newer one (the admin API names it as the model's problem)."""
         self.notes: dict[tuple[str, int], str] = {}
         """(model, version) -> what to know of a version that serves: its invented warm-up failed (the index says)."""
         self._held: dict[str, str] = {}
         """model -> the ``since`` of the canary whose promotion waits for its version to be ready (logged once)."""
         self.last_replay: dict[str, dict[str, Any]] = {}
         """The last replay check's report of each model (an activation's ``verify_replay``), passed or not."""
+        self.loaded_exports: dict[tuple[str, int], str] = {}
+        """(model, version) -> the export its folder held when this gateway loaded it (``exports.on_disk``): a version
+        whose folder was replaced since serves the files it was loaded from, not those a record would name."""
         self._tasks: list[asyncio.Task[None]] = []
         self.cache: OnDemand | None = None
         """The model cache (``SWITCHYARD_MODEL_CACHE_MB``), set by the app before ``start``."""
@@ -192,7 +198,9 @@ class VersionManager:
         verify_replay: ReplayOptions | None = None,
     ) -> ActionReport:
         record = self.router.record(model)
-        old = record.stable if record is not None else None
+        # A model unloaded through the repository API serves no version: its ``stable`` is only what served last,
+        # so activating it routes the model again (as a repository load would) rather than being a no-op.
+        old = record.stable if record is not None and not record.unloaded else None
         versions = {"from": old, "to": version}
         if old == version:
             self.metrics.version_switches.labels(model, "unchanged").inc()
@@ -210,7 +218,12 @@ class VersionManager:
                 async with steps.run("replay"):
                     replayed = await self.replay(model, version, verify_replay)
             async with steps.run("flip"):
-                routed = record.switched_to(version) if record is not None else RoutingRecord(stable=version)
+                if record is None:
+                    routed = RoutingRecord(stable=version)
+                elif record.stable == version:  # routed again after a repository unload: no previous to set
+                    routed = record.but(unloaded=False)
+                else:
+                    routed = record.switched_to(version)
                 dropped = {old} if old is not None and not keep_previous else set()
                 routed = dataclasses.replace(routed, loaded=self.loaded_now(model, plus={version}, minus=dropped))
                 # Loaded by this action: its export is the one on disk now; else the one it was loaded as.
@@ -270,6 +283,8 @@ class VersionManager:
                 loaded_here = self.backend.state(model, version) is not VersionState.READY
                 if loaded_here:
                     await self.backend.load(model, version)  # re-reads the model's config and versions from disk
+                else:
+                    await self._same_export(model, version)
         except GatewayError as exc:
             await self._forget_failed_load(model, version, exc)
             raise
@@ -298,7 +313,29 @@ class VersionManager:
         await self.quietly(self.backend.unload(model, version), f"unloading version {version}")
         self.router.note(model, version, reason)
 
+    async def _same_export(self, model: str, version: int) -> None:
+        """409 when ``version`` is loaded from another export than its folder holds now (the model deleted and exported
+        again while it served): routing to it would name the export on disk while the one loaded answers. Not on a
+        shared model server (Triton), which other gateways load too: what it loaded is its own to know."""
+        if self.backend.shared_server:
+            return
+        loaded = self.loaded_exports.get((model, version))
+        now = (await asyncio.to_thread(on_disk, self.catalog.entry(model), {version})).get(version)
+        if loaded is not None and now is not None and now != loaded:
+            raise Conflict(
+                f"model '{model}' version {version} is loaded from another export ({loaded}) than its folder holds now "
+                f"({now}); unload it (switchyard models unload {model} {version}) and try again to serve the files "
+                "on disk"
+            )
+
     async def warm(self, model: str, version: int, steps: Steps) -> WarmedUp:
+        """Warm up ``version``, loaded a moment ago (every load is warmed up: actions, startup, the model cache), and
+        note which export it was loaded from."""
+        found = await asyncio.to_thread(on_disk, self.catalog.entry(model), {version})
+        if version in found:
+            self.loaded_exports[model, version] = found[version]
+        else:
+            self.loaded_exports.pop((model, version), None)
         self.router.warming(model, version, True)
         try:
             async with steps.run("warmup"):
@@ -381,6 +418,9 @@ class VersionManager:
 
     def set_routing(self, model: str, record: RoutingRecord) -> None:
         self.router.set(model, record)
+        behind = self.behind.get(model)
+        if behind is not None and record.generation >= behind[0]:
+            del self.behind[model]
         self.windows.watch(model, record)  # every routing change starts the canary's windows afresh
         self.metrics.active_version.labels(model).set(record.stable)
         self.metrics.canary_weight.labels(model).set(record.canary.weight if record.canary is not None else 0)

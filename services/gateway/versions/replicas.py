@@ -22,9 +22,9 @@ RETRY_AFTER_FAILURE_S = 30.0
 
 
 async def follow(manager: VersionContext, model: str, record: RoutingRecord) -> None:
-    """Take ``record`` (written by another gateway) when it is newer than ours; never raises."""
-    current = manager.router.record(model)
-    if current is not None and record.generation <= current.generation:
+    """Take ``record`` (written by another gateway) when it is newer than ours, or the shared one this gateway could
+    not take yet; never raises."""
+    if _taken(manager, model, record):
         return
     failed_at = manager.follow_failures.get((model, record.generation))
     if failed_at is not None and time.monotonic() - failed_at < RETRY_AFTER_FAILURE_S:
@@ -45,14 +45,19 @@ async def catch_up(manager: VersionContext, model: str) -> None:
     latest = (await manager.store.load_routing()).get(model)
     current = manager.router.record(model)
     newer = latest is not None and (current is None or latest.generation > current.generation)
-    if newer and latest is not None and await _adopt(manager, model, latest) is not None:
-        raise GatewayError(f"model '{model}': this gateway cannot serve the routing another one set", 503)
+    why = await _adopt(manager, model, latest) if newer and latest is not None else None
+    if why is not None:
+        raise GatewayError(
+            f"model '{model}': this gateway cannot serve the routing another one set ({why}), and an action builds "
+            "on that routing: act through a gateway that serves it, or once this one's repository holds what it names",
+            503,
+        )
 
 
 async def _adopt(manager: VersionContext, model: str, record: RoutingRecord) -> str | None:
     """None once routed by ``record`` (or a newer one), else why not."""
     current = manager.router.record(model)
-    if current is not None and record.generation <= current.generation:
+    if _taken(manager, model, record):
         return None
     needed = set() if record.unloaded else {record.stable}
     if record.canary is not None and record.canary.weight > 0:
@@ -73,13 +78,21 @@ async def _adopt(manager: VersionContext, model: str, record: RoutingRecord) -> 
             steps = Steps(model, manager.metrics, Progress("follow", record.stable))
             for version in sorted(target):
                 await manager.prepare(model, version, steps)
-        # else: the model cache loads what the record routes to on its first request here
+        else:  # the model cache loads what the record routes to on its first request here: from this repository
+            for version in sorted(needed):
+                await asyncio.to_thread(manager.catalog.refresh, model, version)  # 404 naming it when it is not there
     except GatewayError as exc:
         manager.follow_failures[model, record.generation] = time.monotonic()
         serving = current.stable if current is not None else None
         log.error(
             "model '%s': not following routing generation %d (stable %d) set by another gateway: %s; still serving "
             "version %s", model, record.generation, record.stable, exc, serving,
+        )
+        manager.behind[model] = (
+            record.generation,
+            f"this gateway does not serve routing generation {record.generation} (stable {record.stable}) that "
+            f"another gateway set: {exc}; it serves version {serving} meanwhile and tries again every "
+            f"{RETRY_AFTER_FAILURE_S:g} s",
         )
         return f"cannot take routing generation {record.generation} (stable {record.stable}): {exc}"
     manager.set_routing(model, record)
@@ -89,6 +102,16 @@ async def _adopt(manager: VersionContext, model: str, record: RoutingRecord) -> 
     if (kept_by_record or record.unloaded) and not manager.backend.shared_server:
         await _unload_extras(manager, model, target)
     return None
+
+
+def _taken(manager: VersionContext, model: str, record: RoutingRecord) -> bool:
+    """Whether this gateway routes by ``record`` or a newer one: its generation is not above ours, and it is not the
+    one this gateway is behind (a start that could not serve the shared record serves its own at that generation)."""
+    current = manager.router.record(model)
+    if current is None or record.generation > current.generation:
+        return False
+    behind = manager.behind.get(model)
+    return behind is None or record.generation < behind[0]
 
 
 def _same_exports(record: RoutingRecord, disk: dict[int, str]) -> None:

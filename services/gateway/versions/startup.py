@@ -5,6 +5,7 @@ that fails to load or warm up is logged and stays a problem of the model (``Rout
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 from services.gateway.errors import GatewayError
@@ -52,11 +53,11 @@ async def start_models(manager: VersionContext) -> None:
     await manager.backend.start({name: versions for name, versions in initial.items() if name not in on_demand})
     for name, versions in initial.items():
         if name in on_demand:  # routed now, loaded on its first request (the model cache)
-            await _route(manager, name, checks.get(name), versions, cold=True)
+            await _route(manager, name, records.get(name), checks.get(name), versions, cold=True)
             continue
         for version in sorted(versions):
             await _warm(manager, name, version)
-        await _route(manager, name, checks.get(name), versions)
+        await _route(manager, name, records.get(name), checks.get(name), versions)
 
 
 async def _warm(manager: VersionContext, model: str, version: int) -> None:
@@ -73,7 +74,13 @@ async def _warm(manager: VersionContext, model: str, version: int) -> None:
 
 
 async def _route(
-    manager: VersionContext, model: str, checked: Checked | None, versions: set[int], *, cold: bool = False
+    manager: VersionContext,
+    model: str,
+    persisted: RoutingRecord | None,
+    checked: Checked | None,
+    versions: set[int],
+    *,
+    cold: bool = False,
 ) -> None:
     """The persisted routing when its stable version is still on disk (``versions`` holds it then) and still the
     export it names, less the other versions it names that are not; else the highest version that loaded among those
@@ -88,11 +95,12 @@ async def _route(
         repaired, dropped = _on_disk(record, set(entry.available))
         if dropped:
             errors.insert(0, f"the persisted routing names {dropped}, gone from the repository: dropped from it")
-        if errors:
-            repaired = await _persist(manager, model, repaired, "; ".join(errors))
         log.info("model '%s': stable version %d, from the persisted routing (generation %d)", model,
                  repaired.stable, repaired.generation)
-        manager.set_routing(model, repaired)
+        if errors:
+            await _settle(manager, model, persisted, repaired, "; ".join(errors))
+        else:
+            manager.set_routing(model, repaired)
         return
     why = "no routing state"
     if record is not None and checked is not None and checked.stable is not None:
@@ -126,18 +134,19 @@ async def _route(
         exports={v: identity for v, identity in record.exports.items() if v == previous} if record else {},
     )
     error = f"{'; '.join(errors)}; serving version {stable}" if errors else None
-    routed = await _persist(manager, model, routed, error, rule=choice.rule)
-    manager.set_routing(model, routed)
+    await _settle(manager, model, persisted, routed, error, rule=choice.rule)
 
 
 async def _route_unloaded(manager: VersionContext, model: str, record: RoutingRecord, available: set[int]) -> None:
     """An unloaded model's record, less the versions it names that are gone (its ``stable`` stays: the version the
     audit log refers to, routed to by nothing until a load)."""
     repaired, dropped = _on_disk(record, available)
-    if dropped:
+    if dropped and not manager.store.shared:  # a shared record: another gateway's repository may hold them
         repaired = await _persist(manager, model, repaired, f"the persisted routing names {dropped}, gone from the "
                                                             "repository: dropped from it")
-    manager.set_routing(model, repaired)
+        manager.set_routing(model, repaired)
+        return
+    manager.set_routing(model, record)
 
 
 def _on_disk(record: RoutingRecord, available: set[int]) -> tuple[RoutingRecord, str]:
@@ -159,6 +168,37 @@ def _on_disk(record: RoutingRecord, available: set[int]) -> tuple[RoutingRecord,
     if not changes:
         return record, ""
     return record.but(**changes), ", ".join(gone)
+
+
+async def _settle(
+    manager: VersionContext,
+    model: str,
+    persisted: RoutingRecord | None,
+    routed: RoutingRecord,
+    error: str | None,
+    *,
+    rule: str | None = None,
+) -> None:
+    """Route by ``routed``, what this start chose instead of the ``persisted`` record (``error`` says why). Saved,
+    unless the store is shared and held a record: the other gateways serve by that one, and their repositories may
+    hold what this one lacks (a copy out of step, a volume mounted late), so rewriting it would switch them all. This
+    gateway then serves its choice at the shared record's generation, says so (the admin API's ``problem``), and takes
+    the shared record once it can (``replicas.follow``) or routes by the next one an action writes."""
+    if persisted is None or not manager.store.shared:
+        manager.set_routing(model, await _persist(manager, model, routed, error, rule=rule))
+        return
+    local = dataclasses.replace(await stamped(manager.catalog.entry(model), routed), generation=persisted.generation)
+    manager.set_routing(model, local)
+    reason = (error or "it cannot serve it").removesuffix(f"; serving version {local.stable}")
+    why = (
+        f"this gateway does not serve routing generation {persisted.generation} (stable {persisted.stable}) that the "
+        f"gateways share: {reason}; it serves version {local.stable} meanwhile, leaves the shared routing as the "
+        "other gateways serve it, and takes it once its repository holds what it names"
+    )
+    manager.behind[model] = (persisted.generation, why)  # after set_routing, which clears what it catches up with
+    log.error("model '%s': %s", model, why)
+    await manager.record(Event("startup", model, "ok", {"stable": local.stable}, error=why, actor=GATEWAY,
+                               generation=persisted.generation, detail={"rule": rule} if rule else {}))
 
 
 async def _persist(
