@@ -2,12 +2,15 @@
 
 Per output: the largest |new - logged|, how many values fail ``numpy.isclose(new, logged, atol, rtol)``, and for a
 classifier-like output (float, last dimension over 1) how many rows changed their argmax; BYTES outputs are equal or
-not. A request that failed when it was logged (no answer) is compared on its status only. A record whose inputs were
-truncated or redacted cannot be re-sent: it is skipped, and the report says how many and why. The report passes when
-at least one answer was compared and none differed beyond the tolerances, and no status differed; an argmax change
-within the tolerances is reported, never a failure (two near-equal scores may swap places).
+not, except an output the request asked a class count of (``score:index[:label]`` entries, top classes first): there
+each logged class must be among the new answer's classes of its row with a score within the tolerances, and a row
+whose top class changed counts as an argmax change. A request that failed when it was logged (no answer) is compared
+on its status only. A record whose inputs were truncated or redacted cannot be re-sent, and a shadow copy's answer
+never reached a client: they are skipped, and the report says how many and why. The report passes when at least one
+answer was compared and none differed beyond the tolerances, and no status differed; an argmax change within the
+tolerances is reported, never a failure (two near-equal scores may swap places).
 
-Imports numpy, the standard library and ``format``: the ops CLI imports it inside its command."""
+Imports numpy, the standard library, ``format`` and ``sources``: the ops CLI imports it inside its command."""
 
 from __future__ import annotations
 
@@ -19,15 +22,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from services.inferlog.format import RecordError, inputs_of, output_parameters_of, outputs_of, parameters_of
+from services.inferlog.format import BF16, RecordError, inputs_of, output_parameters_of, outputs_of, parameters_of
+from services.inferlog.sources import shown
 
-__all__ = ["NOT_RESENDABLE", "Answer", "OutputFigures", "ReplayReport", "render_report", "resendable"]
+__all__ = ["NOT_RESENDABLE", "SHADOW_COPY", "Answer", "OutputFigures", "ReplayReport", "render_report", "resendable"]
 
 WIDTH = 80
 """The text rendering fits a terminal of this many columns."""
 SHOWN_MISMATCHES = 10
 """Status mismatches listed by request id in the report (the count is always whole)."""
 NOT_RESENDABLE = "inputs not in the log"
+SHADOW_COPY = "shadow copies (the shadow version's answers, never sent to a client)"
+CLASSIFICATION = "classification"
+"""The output parameter of a class count (``format.output_parameters_of``)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,8 @@ class ReplayReport:
     atol: float
     rtol: float
     source: str = ""
+    """Where the records were read; kept without a password (``sources.shown``): the report goes to the audit log,
+    the admin API and a script's output."""
     records: int = 0
     """Records read for the model (compared, skipped or status-only)."""
     compared: int = 0
@@ -92,9 +101,27 @@ class ReplayReport:
     logged_latency_ms: list[float] = field(default_factory=list)
     new_latency_ms: list[float] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.source = shown(self.source)
+
     @property
     def passed(self) -> bool:
-        return (self.compared + self.status_only) > 0 and self.differing == 0 and not self.status_mismatches
+        return self.sent > 0 and self.differing == 0 and not self.status_mismatches
+
+    @property
+    def sent(self) -> int:
+        """Records sent again and answered (compared, on status only, or with another status)."""
+        return self.compared + self.status_only + len(self.status_mismatches)
+
+    def none_sent(self) -> str:
+        """Why no record could be sent again (when ``sent`` is 0): the reasons with their counts, and what to change
+        when records lost their inputs to the size cap."""
+        reasons = ", ".join(f"{count} {reason}" for reason, count in self.skipped.items())
+        text = (f"none of the {self.records} logged requests of model '{self.model}' in {self.source} could be sent "
+                f"again ({reasons or 'no record'})")
+        if any(reason.endswith("truncated") for reason in self.skipped):
+            text += "; a record keeps its inputs when it fits SWITCHYARD_INFERENCE_LOG_MAX_RECORD_BYTES: raise it"
+        return text
 
     @property
     def failures(self) -> int:
@@ -121,10 +148,14 @@ class ReplayReport:
             self.status_only += 1
             return
         self.compared += 1
-        if self._outputs_differ(outputs_of(record), answer.outputs):
+        classified = {name for name, asked in output_parameters_of(record).items() if asked.get(CLASSIFICATION)}
+        if self._outputs_differ(outputs_of(record), answer.outputs, classified):
             self.differing += 1
 
-    def _outputs_differ(self, logged: dict[str, npt.NDArray[Any]], new: dict[str, npt.NDArray[Any]]) -> bool:
+    def _outputs_differ(
+        self, logged: dict[str, npt.NDArray[Any]], new: dict[str, npt.NDArray[Any]], classified: set[str]
+    ) -> bool:
+        """``classified``: the outputs the request asked a class count of."""
         differ = False
         for name, had in logged.items():
             figures = self.outputs.setdefault(name, OutputFigures())
@@ -136,7 +167,8 @@ class ReplayReport:
                 differ = True
                 continue
             figures.compared += 1
-            if _compare_values(figures, had, got, self.atol, self.rtol):
+            compare = _compare_classes if name in classified else _compare_values
+            if compare(figures, had, got, self.atol, self.rtol):
                 figures.answers_off += 1
                 differ = True
         return differ
@@ -168,14 +200,24 @@ class ReplayReport:
 
 
 def resendable(record: dict[str, Any]) -> str | None:
-    """``None`` when the record's request can be sent again; else why not (for the report's ``skipped``)."""
+    """``None`` when the record's request is to be sent again; else why not (for the report's ``skipped``).
+
+    A shadow copy is not: its request is the one a client sent (logged apart, as its route says, when sampled), and
+    its answer came from the shadow version and never reached the client: comparing a version with it would compare
+    it with the shadow version, not with what the clients got."""
+    if record.get("route") == "shadow":
+        return SHADOW_COPY
     if record.get("redacted"):
         return f"{NOT_RESENDABLE}: inputs dropped by redaction"
     try:
         inputs_of(record)
     except RecordError as exc:
-        text = str(exc)
-        return f"{NOT_RESENDABLE}: inputs {'redacted' if 'redacted' in text else 'truncated'}"
+        tensors = record["request"].get("inputs", [])
+        if any(isinstance(tensor, dict) and tensor.get("redacted") for tensor in tensors):
+            return f"{NOT_RESENDABLE}: inputs redacted"
+        if any(isinstance(tensor, dict) and tensor.get("truncated") for tensor in tensors):
+            return f"{NOT_RESENDABLE}: inputs truncated"
+        return f"inputs not readable: {exc}"
     try:
         parameters_of(record)
         output_parameters_of(record)
@@ -210,9 +252,53 @@ def _compare_values(
         figures.max_abs_diff = max(figures.max_abs_diff, float(finite.max()))
     off = int(np.count_nonzero(~np.isclose(new, old, atol=atol, rtol=rtol, equal_nan=True)))
     figures.values_off += off
-    if had.dtype.kind == "f" and had.ndim >= 1 and had.shape[-1] > 1:
+    if (had.dtype.kind == "f" or had.dtype == BF16) and had.ndim >= 1 and had.shape[-1] > 1:
         figures.argmax_changed += int(np.count_nonzero(np.argmax(old, axis=-1) != np.argmax(new, axis=-1)))
     return off > 0
+
+
+def _compare_classes(
+    figures: OutputFigures, had: npt.NDArray[Any], got: npt.NDArray[Any], atol: float, rtol: float
+) -> bool:
+    """``_compare_values`` for a class count's answer: its scores are numbers printed as text, so comparing the text
+    would fail two versions whose scores differ in the last digit, whatever the tolerances. Each logged class is
+    looked up among the new answer's classes of its row by its index and label, and its score compared; a class no
+    longer among them is a value off. Entries that are not ``score:class`` text are compared as bytes."""
+    logged_rows, new_rows = _class_rows(had), _class_rows(got)
+    if logged_rows is None or new_rows is None:
+        return _compare_values(figures, had, got, atol, rtol)
+    off = 0
+    for logged_row, new_row in zip(logged_rows, new_rows, strict=True):
+        scores = dict(new_row)
+        for label, score in logged_row:
+            new_score = scores.get(label)
+            if new_score is None or not np.isclose(new_score, score, atol=atol, rtol=rtol, equal_nan=True):
+                off += 1
+            if new_score is not None and math.isfinite(new_score - score):
+                figures.max_abs_diff = max(figures.max_abs_diff, abs(new_score - score))
+        if logged_row and new_row and logged_row[0][0] != new_row[0][0]:
+            figures.argmax_changed += 1
+    figures.values_off += off
+    return off > 0
+
+
+def _class_rows(array: npt.NDArray[Any]) -> list[list[tuple[str, float]]] | None:
+    """A class count's answer (``[k]`` or ``[rows, k]``) as rows of ``(index[:label], score)``, top first; ``None``
+    when an entry is not ``score:index[:label]``."""
+    width = array.shape[-1] if array.ndim else 1
+    rows: list[list[tuple[str, float]]] = []
+    for row in array.reshape(-1, width) if width else array.reshape(0, 0):
+        entries = []
+        for value in row.tolist():
+            score, colon, label = _as_bytes(value).decode("utf-8", "replace").partition(":")
+            if not colon:
+                return None
+            try:
+                entries.append((label, float(score)))
+            except ValueError:
+                return None
+        rows.append(entries)
+    return rows
 
 
 def _as_bytes(value: object) -> bytes:

@@ -21,9 +21,10 @@ JSON forces: a float that is not finite is the string ``"nan"``, ``"inf"`` or ``
 element that is not UTF-8 text carries ``"encoding": "base64"`` and every element in base64. A tensor whose values
 did not fit the record's size cap has no ``data`` and ``"truncated": true`` (the record too); a redacted one has no
 ``data`` but ``"redacted": "hash"`` and ``"sha256"`` of its bytes; a dropped one is absent and named in the record's
-``redacted`` list.
+``redacted`` list. A BF16 tensor's values are written and read as the floats they are (numpy has no bfloat16:
+``ml_dtypes``' is the one the gateway and tritonclient use).
 
-Imports numpy only: the ops CLI reads records without the server."""
+Imports numpy and ml_dtypes only: the ops CLI reads records without the server."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
@@ -42,6 +44,7 @@ ROUTES = ("stable", "canary", "pinned", "shadow")
 """How the request reached its version: the routing's stable or canary choice, a version the client named, or a
 shadow copy of a stable request."""
 
+BF16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
 _DTYPES: dict[str, np.dtype[Any]] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype(np.uint8),
@@ -53,10 +56,13 @@ _DTYPES: dict[str, np.dtype[Any]] = {
     "INT32": np.dtype(np.int32),
     "INT64": np.dtype(np.int64),
     "FP16": np.dtype(np.float16),
+    "BF16": BF16,
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
     "BYTES": np.dtype(np.object_),
 }
+_FLOATS = frozenset({"FP16", "BF16", "FP32", "FP64"})
+"""bfloat16's numpy ``kind`` is ``"V"``, not ``"f"``: the float datatypes are named, never told by their kind."""
 _NOT_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
@@ -75,7 +81,7 @@ def encode_tensor(name: str, datatype: str, array: npt.NDArray[Any]) -> dict[str
         except UnicodeDecodeError:
             tensor["encoding"] = "base64"
             tensor["data"] = [base64.b64encode(item).decode("ascii") for item in items]
-    elif array.dtype.kind == "f" and not bool(np.isfinite(flat).all()):
+    elif datatype in _FLOATS and not bool(np.isfinite(flat).all()):
         tensor["data"] = [value if math.isfinite(value) else _spelled(value) for value in flat.tolist()]
     else:
         tensor["data"] = flat.tolist()
@@ -118,7 +124,7 @@ def decode_tensor(tensor: Mapping[str, Any]) -> npt.NDArray[Any]:
         elements = [base64.b64decode(item) if encoded == "base64" else str(item).encode() for item in data]
         array = np.empty(len(elements), dtype=np.object_)
         array[:] = elements
-    elif dtype.kind == "f":
+    elif datatype in _FLOATS:
         array = np.array([_NOT_FINITE.get(item, item) if isinstance(item, str) else item for item in data], dtype)
     else:
         array = np.array(data, dtype=dtype)

@@ -1,7 +1,8 @@
 """``switchyard replay``: send logged requests again to one version of a running gateway and compare its answers with
 the logged ones. Exit 0 when every answer matched within the tolerances, 1 when one differs (in value or status),
 2 when the call cannot run (a source that cannot be read, a gateway that cannot be reached or refuses the key, a
-version it does not serve): one ``error:`` line on stderr that says what to fix.
+version it does not serve, no logged request that can be sent again): one ``error:`` line on stderr that says what
+to fix.
 
 The root command imports this to register it: typer and the standard library at module level; numpy, httpx,
 tritonclient and the log readers only when the command runs."""
@@ -66,12 +67,12 @@ def replay(
 
     from services.inferlog.compare import ReplayReport
     from services.inferlog.format import RecordError
-    from services.inferlog.sources import SourceError, read_records
+    from services.inferlog.sources import SourceError, read_records, shown
 
     report = ReplayReport(model, version, atol, rtol, source=source)
     target = Target(url if "://" in url else f"http://{url}", model, version, api_key)
     try:
-        records = read_records(source, model=model, limit=limit)
+        records = read_records(source, model=model, limit=limit, warn=_warn)
         with httpx.Client(base_url=target.url, timeout=REQUEST_TIMEOUT_S) as http:
             _check_served(http, target)
             _run(http, target, records, report, rate)
@@ -80,7 +81,9 @@ def replay(
     except httpx.HTTPError as exc:
         _fail(f"cannot reach the gateway at {target.url}: {exc or type(exc).__name__} (is it running? set --url)")
     if report.records == 0:
-        _fail(f"{source} holds no record of model '{model}'; check --model and the source")
+        _fail(f"{shown(source)} holds no record of model '{model}'; check --model and the source")
+    if report.sent == 0:  # nothing was compared, so nothing differed: the replay could not run
+        _fail(report.none_sent())
     _print(report, as_json)
     raise typer.Exit(EXIT_PASSED if report.passed else EXIT_DIFFERS)
 
@@ -110,14 +113,21 @@ class Target:
 
 
 def _check_served(http: httpx.Client, target: Target) -> None:
-    """A version the gateway does not serve would make every answer a 404 "mismatch": say so once instead."""
+    """A version the gateway does not serve would make every answer a 404 "mismatch": say so once instead, with the
+    gateway's reason, and what to do: load the version, or name a model the gateway has."""
     answer = http.get(f"{target.path}/ready", headers=target.headers)
     if answer.status_code in ACCESS_REFUSED:
         _fail(f"the gateway refused the API key ({answer.status_code}): give a valid one with --api-key")
     if answer.status_code != 200:
+        model_path = target.path.rsplit("/versions/", 1)[0]
+        known = http.get(model_path, headers=target.headers).status_code == 200
+        hint = (
+            f"load it first: switchyard models load {target.model} {target.version}" if known
+            else f"the gateway serves no model '{target.model}': check --model and --url"
+        )
         _fail(
-            f"model '{target.model}' version {target.version} is not ready at {target.url} ({answer.status_code}); "
-            f"load it first: switchyard models load {target.model} {target.version}"
+            f"model '{target.model}' version {target.version} is not ready at {target.url} "
+            f"({answer.status_code}: {_error_text(answer)}); {hint}"
         )
 
 
@@ -228,6 +238,10 @@ def _print(report: ReplayReport, as_json: bool) -> None:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
         typer.echo(report.render())
+
+
+def _warn(message: str) -> None:
+    typer.echo(f"warning: {message}", err=True)
 
 
 def _fail(message: str) -> NoReturn:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import orjson
 import pytest
@@ -35,6 +36,7 @@ NUMERIC = {
     "INT32": np.array([[-(2**31), 0, 2**31 - 1]], np.int32),
     "INT64": np.array([[-(2**63), 0, 2**63 - 1]], np.int64),
     "FP16": np.array([[0.1, np.inf, np.nan]], np.float16),
+    "BF16": np.array([[0.1, -np.inf, np.nan, 3.0e38]], ml_dtypes.bfloat16),  # numpy's kind "V", not "f"
     "FP32": np.array([[0.1, -np.inf, 3.4e38]], np.float32),
     "FP64": np.array([[0.1, np.nan, 1e-300]], np.float64),
 }
@@ -63,8 +65,9 @@ def _through_json(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _same(left: np.ndarray[Any, Any], right: np.ndarray[Any, Any]) -> bool:
+    floats = left.dtype.kind == "f" or left.dtype == ml_dtypes.bfloat16
     return left.dtype == right.dtype and left.shape == right.shape and bool(
-        np.array_equal(left, right, equal_nan=left.dtype.kind == "f")
+        np.array_equal(left, right, equal_nan=floats)
     )
 
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import logging
+import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,6 +18,7 @@ import pytest
 import redis
 
 from services.gateway.inference_log.sinks import JsonLinesSink, RedisStreamSink, SinkError, open_sink
+from services.inferlog.sources import read_records
 from tests.redis_server import redis_server
 
 
@@ -88,6 +94,68 @@ def test_a_restarted_json_lines_sink_starts_a_new_file_and_honours_the_cap(tmp_p
     second.write(_records(1))
     second.close()
     assert [len(path.read_bytes().splitlines()) for path in second.files()] == [3, 3]
+
+
+PART_WRITTEN = """
+import resource, signal, sys
+from pathlib import Path
+from services.gateway.inference_log.sinks import JsonLinesSink
+from tests.inference_log.test_sinks import _records
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails with EFBIG instead of killing us
+records = _records(40)
+sink = JsonLinesSink(Path(sys.argv[1]), max_bytes=1 << 20, count=4)
+sink.write(records[:10])
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (sink.files()[0].stat().st_size + 1000, hard))  # the disk fills up
+try:
+    sink.write(records[10:30])  # the first 2 lines and a half fit
+except OSError as exc:
+    print(exc.errno)
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # room again
+sink.write(records[30:])
+sink.close()
+"""
+
+
+def test_a_batch_the_disk_takes_only_part_of_leaves_no_half_line_in_the_file(tmp_path: Path) -> None:
+    """A full disk takes part of a write: the half line it leaves would make every later replay of the folder fail
+    at that line. Run in a process of its own: a file size limit (the full disk) holds for the whole process."""
+    done = subprocess.run([sys.executable, "-c", PART_WRITTEN, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(errno.EFBIG)  # the batch did fail
+    assert [record["id"] for record in read_records(str(tmp_path))] == [f"req-{i:05d}" for i in [*range(10),
+                                                                                                   *range(30, 40)]]
+
+
+def test_a_folder_the_sink_cannot_write_is_said_at_once_and_written_once_it_can(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the log's folder should be\n")
+    with caplog.at_level(logging.WARNING, logger="services.gateway.inference_log.sinks"):
+        sink = JsonLinesSink(blocker / "log", max_bytes=20_000, count=2)
+    assert f"cannot write log files in {blocker / 'log'}" in caplog.text
+    assert "SWITCHYARD_INFERENCE_LOG" in caplog.text
+    with pytest.raises(OSError, match="not-a-folder"):
+        sink.write(_records(2))
+    blocker.unlink()
+    sink.write(_records(3))
+    sink.close()
+    assert _lines(sink.files()) == _records(3)
+
+
+def test_a_log_folder_removed_under_the_sink_is_made_again_with_the_next_records(tmp_path: Path) -> None:
+    """Removed (an operator freeing the disk): the file the sink holds open is gone, and what it appended there
+    would be lost while the metrics counted it written."""
+    records = _records(6)
+    sink = JsonLinesSink(tmp_path / "log", max_bytes=1_000_000, count=2)
+    sink.write(records[:3])
+    shutil.rmtree(tmp_path / "log")
+    sink.write(records[3:])
+    sink.close()
+    assert _lines(sink.files()) == records[3:]
 
 
 @pytest.mark.slow
@@ -181,6 +249,22 @@ def test_a_cloud_events_endpoint_that_refuses_fails_the_batch(receiver: _Receivi
     with pytest.raises(SinkError, match="answered 503 .* expected a 2xx status"):
         sink.write(_records(1))
     sink.close()
+
+
+def test_the_password_of_a_sinks_url_stays_out_of_its_errors(receiver: _ReceivingServer) -> None:
+    """The writer logs a failed batch's error: an endpoint's credentials must not go to the gateway's log."""
+    receiver.status = 401
+    url = _url(receiver).replace("http://", "http://collector:sink-password-5b2e@")
+    sink = open_sink(url, file_max_bytes=1, file_count=1, timeout_s=5)
+    with pytest.raises(SinkError, match="answered 401") as refused:
+        sink.write(_records(1))
+    sink.close()
+    assert receiver.received[0][0]["authorization"].startswith("Basic ")  # the credentials did go to the endpoint
+    assert "sink-password-5b2e" not in str(refused.value)
+    assert "collector:<password>@" in str(refused.value)
+    with pytest.raises(ValueError, match="maxlen must be a positive integer") as wrong:
+        open_sink("redis://:redis-password-71c9@127.0.0.1:1/0?maxlen=0", file_max_bytes=1, file_count=1, timeout_s=1)
+    assert "redis-password-71c9" not in str(wrong.value)
 
 
 @pytest.mark.parametrize("url", ["ftp://host/x", "file://relative/dir", "file:relative", "redis://h:1/0?maxlen=0",

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from services.inferlog.compare import Answer, ReplayReport, resendable
+from services.inferlog.compare import SHADOW_COPY, Answer, ReplayReport, resendable
 from services.inferlog.format import encode_tensor, hashed_tensor
 
 
@@ -55,6 +55,37 @@ def test_bytes_compare_for_equality_and_a_missing_output_or_shape_differs() -> N
     assert data["outputs"]["scores"]["problems"] == {"another shape": 1, "missing from the new answer": 1}
 
 
+def classes(*rows: list[str]) -> np.ndarray:
+    array = np.empty((len(rows), len(rows[0])), dtype=object)
+    array[:] = [[entry.encode() for entry in row] for row in rows]
+    return array
+
+
+def test_class_counts_compare_their_scores_within_the_tolerances_and_their_classes_exactly() -> None:
+    """A class count answers ``score:index[:label]`` text: an FP16 version's scores differ in the last digits, which
+    the tolerances allow; a class that is gone, or whose score moved beyond them, differs."""
+    record = logged({"logits": classes(["4.170606:0:cat", "1.193012:6:dog"], ["2.5:3", "2.499999:1"])})
+    record["request"]["outputs"] = ["logits"]
+    record["request"]["output_parameters"] = {"logits": {"classification": 2}}
+    report = ReplayReport("m", 2, atol=1e-3, rtol=1e-3)
+    near = classes(["4.170211:0:cat", "1.193514:6:dog"], ["2.499998:1", "2.500001:3"])  # a near tie swapped
+    report.add(record, Answer(200, {"logits": near}, 1.0))
+    figures = report.to_json()["outputs"]["logits"]
+    assert report.passed, report.render()
+    assert figures["values_off"] == 0
+    assert figures["argmax_changed"] == 1
+    assert abs(figures["max_abs_diff"] - 0.000502) < 1e-9
+    relabelled = classes(["4.170606:0:cat", "1.193012:5:dog"], ["2.5:3", "2.499999:1"])
+    moved = classes(["4.5:0:cat", "1.193012:6:dog"], ["2.5:3", "2.499999:1"])
+    for answer in (relabelled, moved):
+        report.add(record, Answer(200, {"logits": answer}, 1.0))
+    assert report.to_json()["outputs"]["logits"]["values_off"] == 2
+    assert (report.compared, report.differing) == (3, 2)
+    unasked = logged({"logits": classes(["4.170606:0:cat"])})  # BYTES of no class count: equal or not
+    report.add(unasked, Answer(200, {"logits": classes(["4.170607:0:cat"])}, 1.0))
+    assert report.differing == 3
+
+
 def test_status_mismatches_both_ways_and_a_logged_failure_compares_on_status_only() -> None:
     report = ReplayReport("m", 2, atol=1e-5, rtol=1e-4)
     report.add(logged({}, status=400), Answer(400, {}, 1.0, "bad input"))
@@ -80,6 +111,18 @@ def test_records_without_their_inputs_are_named_as_not_resendable() -> None:
     report.skip("inputs not in the log: inputs truncated")
     assert not report.passed  # nothing compared is no evidence that the version answers alike
     assert report.to_json()["skipped"] == {"inputs not in the log: inputs truncated": 1}
+
+
+def test_shadow_copies_and_unreadable_inputs_are_skipped_with_their_own_reason() -> None:
+    """A shadow copy's answer came from the shadow version: a replay compares with what the clients got."""
+    assert resendable(logged({"scores": SCORES}) | {"route": "shadow"}) == SHADOW_COPY
+    assert resendable(logged({"scores": SCORES}) | {"route": "canary"}) is None
+    record = logged({"scores": SCORES})
+    record["request"]["inputs"] = [{"name": "x", "datatype": "FP8", "shape": [1], "data": [1.0]}]
+    assert resendable(record) == "inputs not readable: tensor 'x': datatype 'FP8' is not one of " + ", ".join(
+        ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "BF16", "FP32",
+         "FP64", "BYTES"]
+    )
 
 
 def test_latency_percentiles_and_the_text_fit_80_columns() -> None:

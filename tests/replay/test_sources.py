@@ -12,7 +12,7 @@ import pytest
 
 from services.inferlog import sources
 from services.inferlog.format import RecordError, encode_tensor
-from services.inferlog.sources import SourceError, read_records
+from services.inferlog.sources import SourceError, read_records, shown
 from tests.redis_server import redis_server
 
 
@@ -49,6 +49,20 @@ def test_directory_yields_files_in_name_order_and_skips_the_newest_files_partial
     (tmp_path / "other.txt").write_text("not a log file\n")
     assert ids(read_records(str(folder))) == ["r1", "r2", "r3", "r4"]
     assert ids(read_records(f"file://{folder}")) == ["r1", "r2", "r3", "r4"]
+
+
+def test_a_record_cut_short_in_an_older_file_is_skipped_with_a_warning(tmp_path: Path) -> None:
+    """The gateway killed while it wrote a record leaves that line unfinished; it writes on in a new file when it
+    starts again. Each worker has its files: its newest file's unfinished line is a record being written."""
+    worker_0, worker_1 = "inference-20261205T060000000000-w0.jsonl", "inference-20261205T050000000000-w1.jsonl"
+    logged = {FIRST: [record(1)], SECOND: [record(2)], worker_0: [record(3)], worker_1: [record(4)]}
+    folder = write_log(tmp_path, logged)
+    for name in (FIRST, worker_1):  # FIRST has a newer file (SECOND); worker 1's only file is its newest
+        with (folder / name).open("a") as cut:
+            cut.write('{"format": 1, "id": "cut", "mod')
+    warnings: list[str] = []
+    assert ids(read_records(str(folder), warn=warnings.append)) == ["r4", "r3", "r1", "r2"]
+    assert warnings == [f"{folder / FIRST}, line 2: a record cut short (the gateway stopped while writing it); skipped"]
 
 
 def test_the_log_is_read_as_it_was_when_reading_began(tmp_path: Path) -> None:
@@ -115,3 +129,11 @@ def test_redis_stream_is_read_in_pages_and_a_missing_stream_is_named(
         port = server.port
     with pytest.raises(SourceError, match="cannot read the Redis stream 'log'"):
         read_records(f"redis://127.0.0.1:{port}/0?stream=log")
+
+
+def test_a_sources_password_is_never_shown() -> None:
+    assert shown("redis://:pw-1@h:6379/0?stream=s") == "redis://:<password>@h:6379/0?stream=s"
+    assert shown("rediss://ops:p%40ss@h/2?stream=s&maxlen=5") == "rediss://ops:<password>@h/2?stream=s&maxlen=5"
+    assert shown("redis://h/0?stream=s&password=pw-2") == "redis://h/0?stream=s&password=<password>"
+    for plain in ("redis://ops@h/0?stream=s", "/var/log/switchyard", "file:///var/log/switchyard"):
+        assert shown(plain) == plain

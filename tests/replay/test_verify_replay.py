@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import redis
 from asgi_lifespan import LifespanManager
 from prometheus_client import CollectorRegistry
 
@@ -20,6 +21,7 @@ from services.gateway.app import create_app
 from services.gateway.settings import Settings
 from services.inferlog.format import encode_tensor
 from tests.gateway.scripted_backend import ScriptedBackend, double_repository
+from tests.redis_server import redis_server
 
 TOKEN = "replay-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -41,10 +43,10 @@ async def gateway(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Scri
             yield http, backend
 
 
-async def record_log(http: httpx.AsyncClient, version: int, folder: Path) -> Path:
-    """Each of ROWS sent to ``version`` (pinned) and written as one record of an inference log directory."""
+async def record_log(http: httpx.AsyncClient, version: int, folder: Path, rows: list[list[float]] = ROWS) -> Path:
+    """Each of ``rows`` sent to ``version`` (pinned) and written as one record of an inference log directory."""
     lines = []
-    for number, row in enumerate(ROWS):
+    for number, row in enumerate(rows):
         x = np.array([row], dtype=np.float32)
         body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": row}]}
         answer = await http.post(f"/v2/models/double/versions/{version}/infer", json=body)
@@ -130,3 +132,50 @@ async def test_a_log_the_gateway_cannot_read_or_a_bad_option_refuses_and_changes
     unknown = await activate(http, 2, path=str(tmp_path))
     assert unknown.status_code == 400
     assert "unknown field(s) path" in unknown.json()["error"]
+
+
+async def test_a_version_that_fails_every_logged_request_is_refused_naming_the_statuses(
+    gateway: tuple[httpx.AsyncClient, ScriptedBackend], tmp_path: Path
+) -> None:
+    """Every request was sent and answered, with another status: not "none could be sent again"."""
+    http, backend = gateway
+    v1_log = await record_log(http, 1, tmp_path / "v1-log", rows=[row for row in ROWS if row[0] > 0])
+    backend.failing_when_positive = {2}  # its warm-up (zeros) passes, every logged request fails
+    refused = await activate(http, 2, source=str(v1_log))
+    assert refused.status_code == 422, refused.text
+    answer = refused.json()
+    expected = "2 of 2 logged answers differed (0 beyond atol 1e-05 / rtol 0.0001, 2 with another status)"
+    assert expected in answer["error"]
+    assert answer["replay"]["status_mismatches"] == 2
+    assert await stable(http) == 1
+
+
+@pytest.mark.slow  # starts redis-server
+async def test_a_redis_sources_password_stays_out_of_the_answer_the_admin_api_and_the_audit_log(
+    gateway: tuple[httpx.AsyncClient, ScriptedBackend], tmp_path: Path
+) -> None:
+    """The report names its source; a Redis URL's password must not follow it into the audit log (a file here),
+    the model's ``last_replay`` (read-only tokens read it) or the action's answer."""
+    http, _ = gateway
+    password = "replay-redis-password-9d41c7"
+    v1_log = await record_log(http, 1, tmp_path / "v1-log")
+    with redis_server(tmp_path / "redis") as server:
+        client = redis.Redis.from_url(server.url)
+        for line in (v1_log / "inference-20261205T060102000000.jsonl").read_text().splitlines():
+            client.xadd("switchyard:log", {"record": line})
+        client.config_set("requirepass", password)
+        client.close()
+        source = f"redis://:{password}@127.0.0.1:{server.port}/0?stream=switchyard:log"
+        refused = await activate(http, 2, source=source)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["replay"]["records"] == 3  # it did read the stream
+    expected = f"redis://:<password>@127.0.0.1:{server.port}/0?stream=switchyard:log"
+    assert refused.json()["replay"]["source"] == expected
+    model = (await http.get("/admin/models/double", headers=ADMIN)).text
+    events = (await http.get("/admin/models/double/events", headers=ADMIN)).text
+    assert expected in model
+    assert expected in events
+    audit = "".join(path.read_text() for path in (tmp_path / "state").rglob("*") if path.is_file())
+    assert "replay" in audit
+    for shown in (refused.text, model, events, audit):
+        assert password not in shown

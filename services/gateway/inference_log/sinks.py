@@ -6,17 +6,23 @@ did not get through (the writer counts and drops that batch, and tries again wit
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import tempfile
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import httpx
 import orjson
 import redis
+
+from services.inferlog.sources import shown
+
+log = logging.getLogger(__name__)
 
 URL_FORMS = (
     "file:///absolute/directory (JSON-lines files), "
@@ -57,12 +63,16 @@ def open_sink(url: str, *, file_max_bytes: int, file_count: int, timeout_s: floa
         return RedisStreamSink(url, timeout_s=timeout_s)
     if parts.scheme in ("http", "https") and parts.netloc:
         return CloudEventsSink(url, timeout_s=timeout_s)
-    raise ValueError(f"inference log URL {url!r} is not one of the forms read: {URL_FORMS}")
+    raise ValueError(f"inference log URL {shown(url)!r} is not one of the forms read: {URL_FORMS}")
 
 
 class JsonLinesSink:
     """Appends one record per line to the newest ``inference-<time>.jsonl`` in ``directory``; past ``max_bytes`` it
-    starts a new file, and it keeps at most ``count`` files (the oldest go), so the disk it takes is bounded."""
+    starts a new file, and it keeps at most ``count`` files (the oldest go), so the disk it takes is bounded.
+
+    A file holds whole lines only: a write the disk could take only part of is cut back to the last whole line before
+    the batch fails. A folder it cannot write (at startup, or later) is said in the log and costs the records, never
+    the serving; the folder is made again, and a file removed under the sink replaced, at the next batch."""
 
     def __init__(self, directory: Path, *, max_bytes: int, count: int, worker: int | None = None) -> None:
         """``worker``: the node's worker index, when there are several: this sink's files are its own (``-w<index>``),
@@ -73,21 +83,27 @@ class JsonLinesSink:
         self.directory = directory
         self.max_bytes = max_bytes
         self.count = count
-        self._file: IO[bytes] | None = None
+        self._descriptor: int | None = None
         self._size = 0
         self._last_stamp: datetime | None = None
         self._suffix = (f"-w{worker}" if worker is not None else "") + FILE_SUFFIX
         self._own = re.compile(_STAMPED + re.escape(self._suffix))
-        # Made now, so that a directory the gateway cannot write is refused at startup, not at the first request.
-        directory.mkdir(mode=0o750, parents=True, exist_ok=True)
+        # Tried now, so that a folder the gateway cannot write is said at startup, not at the first sampled request.
+        problem = self._unwritable()
+        if problem is not None:
+            log.warning("inference log (SWITCHYARD_INFERENCE_LOG): %s; the gateway serves on, and drops the records "
+                        "(switchyard_inference_log_dropped_total{reason=\"sink_error\"}) until it can write there",
+                        problem)
 
     def write(self, records: list[dict[str, Any]]) -> None:
+        if self._descriptor is not None and os.fstat(self._descriptor).st_nlink == 0:
+            self.close()  # its file was removed (the folder cleaned up): what went on there would be lost
         chunk: list[bytes] = []
         chunk_size = 0
         for record in records:
             line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
-            if self._file is None or (self._size + chunk_size > 0 and self._size + chunk_size + len(line) >
-                                      self.max_bytes):
+            if self._descriptor is None or (self._size + chunk_size > 0 and self._size + chunk_size + len(line) >
+                                            self.max_bytes):
                 self._flush(chunk)
                 chunk, chunk_size = [], 0
                 self._rotate()
@@ -96,9 +112,9 @@ class JsonLinesSink:
         self._flush(chunk)
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None
 
     def files(self) -> list[Path]:
         """This sink's files, oldest first."""
@@ -106,23 +122,50 @@ class JsonLinesSink:
 
     def _flush(self, chunk: list[bytes]) -> None:
         """One write per file and batch: a reader never sees half a batch's line, and the bytes reach the OS now."""
-        if not chunk or self._file is None:
+        if not chunk or self._descriptor is None:
             return
-        data = b"".join(chunk)
-        self._file.write(data)
-        self._file.flush()
+        data = memoryview(b"".join(chunk))
+        try:
+            written = 0
+            while written < len(data):  # a regular file may take part of a write (the disk filled up)
+                written += os.write(self._descriptor, data[written:])
+        except OSError:
+            self._cut_back()
+            raise
         self._size += len(data)
+
+    def _cut_back(self) -> None:
+        """After a failed write: the file back to its last whole line, so that the next batch's lines do not follow
+        half a line (a record no reader could parse, in the middle of the file). When even that fails, the file is
+        left as it is, its last line unfinished (which readers skip), and the next batch starts a new one."""
+        assert self._descriptor is not None
+        try:
+            os.ftruncate(self._descriptor, self._size)
+        except OSError:
+            self.close()
 
     def _rotate(self) -> None:
         self.close()
-        self._file = self._create()
+        self._descriptor = self._create()
         self._size = 0
         for old in self.files()[: -self.count]:
             old.unlink(missing_ok=True)  # another process may have removed it first
 
-    def _create(self) -> IO[bytes]:
+    def _unwritable(self) -> str | None:
+        """Why the folder cannot take the log's files (``None`` when it can); makes it when it is not there."""
+        try:
+            self.directory.mkdir(mode=0o750, parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.directory):  # O_TMPFILE: leaves nothing behind
+                pass
+        except OSError as exc:
+            return f"cannot write log files in {self.directory}: {exc.strerror or exc}"
+        return None
+
+    def _create(self) -> int:
         """A new file named after now; the name is created exclusively and always after the previous one, so a
-        clock step back or two files in one microsecond never reuse (and append to) a name."""
+        clock step back or two files in one microsecond never reuse (and append to) a name. The folder is made
+        again when it was removed."""
+        self.directory.mkdir(mode=0o750, parents=True, exist_ok=True)
         stamp = datetime.now(UTC)
         if self._last_stamp is not None and stamp <= self._last_stamp:
             stamp = self._last_stamp + timedelta(microseconds=1)
@@ -134,7 +177,7 @@ class JsonLinesSink:
                 stamp += timedelta(microseconds=1)
                 continue
             self._last_stamp = stamp
-            return os.fdopen(descriptor, "ab")
+            return descriptor
 
 
 class RedisStreamSink:
@@ -167,7 +210,7 @@ def _positive_int(text: str, url: str) -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise ValueError(f"inference log URL {url!r}: maxlen must be a positive integer, got {text!r}")
+        raise ValueError(f"inference log URL {shown(url)!r}: maxlen must be a positive integer, got {text!r}")
     return value
 
 
@@ -195,7 +238,7 @@ class CloudEventsSink:
     def _post(self, headers: Mapping[str, str], body: dict[str, Any]) -> None:
         answer = self._client.post(self.url, headers=headers, content=orjson.dumps(body))
         if not answer.is_success:
-            raise SinkError(f"CloudEvents endpoint {self.url} answered {answer.status_code} to event "
+            raise SinkError(f"CloudEvents endpoint {shown(self.url)} answered {answer.status_code} to event "
                             f"{headers['ce-type']} {headers['ce-id']}; expected a 2xx status")
 
 

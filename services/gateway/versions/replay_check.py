@@ -12,6 +12,7 @@ answers the same way here as through ``switchyard replay``."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -26,7 +27,9 @@ from services.gateway.tensors.types import InferInput, InferRequest, ModelMetada
 from services.gateway.tensors.validation import validate
 from services.inferlog.compare import Answer, ReplayReport, resendable
 from services.inferlog.format import RecordError, inputs_of, output_parameters_of, parameters_of
-from services.inferlog.sources import SourceError, read_records
+from services.inferlog.sources import SourceError, read_records, shown
+
+log = logging.getLogger(__name__)
 
 DEFAULT_LIMIT = 200
 DEFAULT_ATOL = 1e-5
@@ -132,11 +135,13 @@ class _Version:
 async def _newest_records(model: str, source: str, limit: int) -> list[dict[str, Any]]:
     try:
         # Files and Redis are read with blocking calls: off the event loop, which serves traffic meanwhile.
-        records = await asyncio.to_thread(lambda: list(read_records(source, model=model, limit=limit, newest=True)))
+        records = await asyncio.to_thread(
+            lambda: list(read_records(source, model=model, limit=limit, newest=True, warn=log.warning))
+        )
     except (SourceError, RecordError) as exc:
         raise ReplayRefused(f"the replay source cannot be read: {exc}") from None
     if not records:
-        raise ReplayRefused(f"the replay source {source} holds no record of model '{model}'; nothing to compare")
+        raise ReplayRefused(f"the replay source {shown(source)} holds no record of model '{model}'; nothing to compare")
     return records
 
 
@@ -199,12 +204,11 @@ def refusal(report: ReplayReport) -> ReplayRefused | None:
     if report.passed:
         return None
     data = report.to_json()
-    if report.compared + report.status_only == 0:
-        why = f"none of the {report.records} logged requests could be sent again (see 'skipped')"
+    if report.sent == 0:
+        why = report.none_sent()
     else:
         why = (
-            f"{report.failures} of {report.compared + report.status_only + len(report.status_mismatches)} logged "
-            "answers differed "
+            f"{report.failures} of {report.sent} logged answers differed "
             f"({report.differing} beyond atol {report.atol:g} / rtol {report.rtol:g}, "
             f"{len(report.status_mismatches)} with another status)"
         )
