@@ -261,9 +261,11 @@ class Settings(BaseSettings):
         }
         schemes = ("file", "redis", "rediss", "http", "https")
         if self.inference_log and self.inference_log.split("://", 1)[0] not in schemes:
+            from services.inferlog.sources import shown  # only on this error: a mistyped scheme keeps its password
+
             raise ValueError(
                 f"SWITCHYARD_INFERENCE_LOG must be file:///abs/dir, redis://host:port/db?stream=NAME or an http(s):// "
-                f"URL, got {self.inference_log!r}"
+                f"URL, got {shown(self.inference_log)!r}"
             )
         if not 0.0 <= self.inference_log_sample <= 1.0:
             sample = self.inference_log_sample

@@ -43,6 +43,8 @@ def test_serve_exits_with_one_line_per_problem_when_settings_invalid(
 @pytest.mark.parametrize(("variables", "expected"), [
     ({"SWITCHYARD_INFERENCE_LOG": "ftp://host/dir"},
      "SWITCHYARD_INFERENCE_LOG must be file:///abs/dir, redis://host:port/db?stream=NAME or an http(s):// URL"),
+    ({"SWITCHYARD_INFERENCE_LOG": "redsi://:hunter2@host:6379/0"},  # a typo in the scheme: the password stays out
+     "URL, got 'redsi://:<password>@host:6379/0'"),
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
      "OTEL_EXPORTER_OTLP_PROTOCOL is 'http/json'; expected one of http/protobuf, grpc"),
 ])
