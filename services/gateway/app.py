@@ -150,11 +150,13 @@ def observer(
     if tracing is not None and hasattr(backend, "trace"):  # test doubles may not record stages
         backend.trace()
 
-    def stable_of(model: str) -> int | None:
+    def canary_of(model: str) -> int | None:
         record = router.record(model)
-        return None if record is None else record.stable
+        if record is None or record.canary is None or record.canary.version == record.stable:
+            return None
+        return record.canary.version
 
-    return Observer(tracing, log_writer, stable_of)
+    return Observer(tracing, log_writer, canary_of)
 
 
 async def preflight(settings: Settings) -> None:

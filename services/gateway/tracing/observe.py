@@ -44,15 +44,16 @@ def unlogged(header: Header) -> Header:
     return read
 
 
-StableOf = Callable[[str], int | None]
-"""The stable version the routing names for a model (``None``: none), to tell a stable answer from a canary's."""
+CanaryOf = Callable[[str], int | None]
+"""The version the routing's canary split sends requests to (``None``: no canary), to tell a canary's answer from a
+stable one's."""
 
 
 class Observer:
-    def __init__(self, tracing: Tracing | None, log: InferenceLog | None, stable_of: StableOf) -> None:
+    def __init__(self, tracing: Tracing | None, log: InferenceLog | None, canary_of: CanaryOf) -> None:
         self.tracing = tracing
         self.log = log
-        self._stable_of = stable_of
+        self._canary_of = canary_of
 
     def close(self, timeout_s: float) -> None:
         """At shutdown: the log writes what it holds (within ``timeout_s``), the traces export theirs."""
@@ -69,12 +70,15 @@ class Observer:
         return None if trace is None else trace.exemplar
 
     def route(self, request: InferRequest, version: int | None) -> str | None:
-        """How the request reached its version: ``pinned`` (the client named it), ``stable`` or ``canary``."""
+        """How the request reached its version: ``pinned`` (the client named it), ``stable`` or ``canary``. Read when
+        the answer goes out, by the canary split, not the stable version: an activation that flips while a request is
+        in flight leaves the request's version other than the new stable one, and it was routed as stable all the
+        same (only a canary promoted meanwhile reads as stable)."""
         if version is None:
             return None
         if request.version is not None:
             return "pinned"
-        return "stable" if self._stable_of(request.model) == version else "canary"
+        return "canary" if self._canary_of(request.model) == version else "stable"
 
     def refused(self, error: GatewayError) -> None:
         """Any counted failure (at the edge or in the data plane): the server span gets its status and reason."""
