@@ -22,7 +22,7 @@ def model_status(manager: VersionManager, model: str) -> dict[str, Any]:
         loaded.append(
             {
                 "version": version,
-                "state": states[version].value,
+                "state": _shown_state(manager, model, version, states[version]),
                 "leases": manager.leases.count(model, version),
                 "on_disk": version in entry.available,
                 "problem": manager.router.problem(model, version),
@@ -47,6 +47,20 @@ def model_status(manager: VersionManager, model: str) -> dict[str, Any]:
         "last_replay": manager.last_replay.get(model),
         "cache": _cache(manager, model),
     }
+
+
+WARMING, UNLOADING = "WARMING", "UNLOADING"
+"""The states the admin API shows beside the backend's: a loaded version not served yet (its warm-up runs, on the
+gateway that acts or on one following it) or no longer (the model cache unloads it)."""
+
+
+def _shown_state(manager: VersionManager, model: str, version: int, state: VersionState) -> str:
+    if state is VersionState.READY:
+        if manager.router.is_evicting(model, version):
+            return UNLOADING
+        if manager.router.is_warming(model, version):
+            return WARMING
+    return state.value
 
 
 def overview(manager: VersionManager) -> dict[str, Any]:

@@ -64,6 +64,9 @@ def _state(
 ) -> tuple[str, str]:
     running = manager.progress.get(model)
     arriving = running is not None and running.version == version and running.step in _LOAD_STEPS
+    # A version warming up without an action of this gateway's (one it follows: a replica's, worker 0's) arrives too.
+    router = manager.router
+    arriving = arriving or (router.is_warming(model, version) and not router.is_evicting(model, version))
     if state is VersionState.READY:
         if version in leaving:
             return UNLOADING, ""

@@ -147,6 +147,10 @@ class Router:
         """A loaded version whose warm-up has not run yet (or the model cache is unloading): not served yet."""
         return (model, version) in self._warming
 
+    def is_evicting(self, model: str, version: int) -> bool:
+        """The model cache is unloading ``version``."""
+        return (model, version) in self._evicting
+
     def note(self, model: str, version: int, problem: str | None) -> None:
         """Remember why a version is not served (its warm-up failed), beside what the backend knows."""
         if problem is None:
