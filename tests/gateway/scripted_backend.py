@@ -150,6 +150,8 @@ class ScriptedBackend:
         self.calls.append((version, timeout_s, priority))
         if self.hold is not None:
             await self.hold.wait()
+        if self.state(request.model, version) is None:  # as a real backend: a version unloaded meanwhile is not found
+            raise unknown_version(request.model, version, "not loaded")
         if self.delay_s or version in self.version_delay_s:
             await asyncio.sleep(self.delay_s + self.version_delay_s.get(version, 0.0))
         if self.failure is not None:

@@ -23,6 +23,7 @@ from services.gateway.errors import (
     GatewayError,
     InferenceFailed,
     InvalidInput,
+    ModelNotFound,
     ModelNotReady,
     unexpected,
     version_not_ready,
@@ -249,6 +250,8 @@ class DataPlane(StreamedRequests):
         """Count a request that failed after it reached the dataplane; the error to raise in its place."""
         model = request.model
         error = self._client_error(exc, model, version)
+        if type(error) is ModelNotFound and version is not None and request.version is None:
+            error = self._unloaded_under(model, version, error)
         served = version if version is not None else request.version
         self.record_error(model, served, protocol, error, request.tenant)
         if version is not None:
@@ -293,6 +296,18 @@ class DataPlane(StreamedRequests):
         if number is not None and (number in entry.available or self.backend.state(model, number) is not None):
             return model, str(number)
         return model, OTHER
+
+    def _unloaded_under(self, model: str, version: int, error: ModelNotFound) -> GatewayError:
+        """An unversioned request routed to ``version``, which was unloaded before the request reached it (a switch
+        whose drain did not wait for it: a drain timeout of 0, or one that ran out): the client asked for no version,
+        so "version N is not found" would misdirect it; the model serves another one now, so a retry is answered."""
+        if self.router.routes_to(model, version):  # still routed: the backend lost it, which is another story
+            return error
+        return ModelNotReady(
+            f"model '{model}' version {version}, which this request was routed to, was unloaded before it was "
+            "served (a version switch that did not wait for its requests to drain); the model serves another "
+            "version now: retry"
+        )
 
     def _client_error(self, exc: Exception, model: str, version: int | None) -> GatewayError:
         """What the client is told. A 500 is a model or gateway failure: its cause goes to the log under a request

@@ -119,6 +119,10 @@ class Router:
         detail = "warming up" if state is VersionState.READY else (state or VersionState.UNAVAILABLE).value.lower()
         raise version_not_ready(model, version, f"{detail}: {problem}" if problem else detail)
 
+    def routes_to(self, model: str, version: int) -> bool:
+        """Whether unversioned requests go to ``version`` now (as stable, canary or shadow)."""
+        return self._routed(model, version)
+
     def _routed(self, model: str, version: int) -> bool:
         """Whether unversioned requests go to ``version`` (its stable version, or its canary's or shadow's)."""
         record = self._records.get(model)
