@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.gateway.errors import BackendUnavailable, GatewayError
 from services.gateway.versions.progress import ActionReport
-from services.gateway.workers.peers import ACTION_TIMEOUT_S, Peers, WorkerDown
+from services.gateway.workers.peers import ACTION_TIMEOUT_S, Peers, WorkerDown, failure
 from services.gateway.workers.place import ACTING
 
 FORWARDED = ("/admin", "/v2/repository")
@@ -53,7 +53,8 @@ class ForwardToActingWorker:
             await _answer(send, 503, _error(DOWN), [(b"retry-after", b"2")])
             return
         except httpx.HTTPError as exc:
-            await _answer(send, 502, _error(f"worker 0 did not answer the forwarded call: {exc}"), [])
+            why = failure(exc, ACTION_TIMEOUT_S)
+            await _answer(send, 502, _error(f"worker 0 did not answer the forwarded call: {why}"), [])
             return
         kept = [(k.encode(), v.encode()) for k, v in answer.headers.items() if k.encode() not in _HOP_HEADERS]
         await _answer(send, answer.status_code, answer.content, kept)

@@ -8,9 +8,10 @@ their business. Counts and durations add up; settings that every worker holds al
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from google.protobuf import json_format
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -168,6 +169,15 @@ def merge_statistics(answers: Sequence[Any]) -> Any:
             else:
                 _add_model_statistics(into, stats)
     return service_pb2.ModelStatisticsResponse(model_stats=list(merged.values()))
+
+
+def merge_reports(reports: Sequence[Mapping[str, Any]]) -> tuple[Any, list[dict[str, Any]]]:
+    """The node's ``ModelStatisticsResponse`` and ``gateway_stats`` from reports as the workers send them to each
+    other (``{"model_stats": [...], "gateway_stats": [...]}``, the statistics messages as JSON): ``merge_statistics``
+    of the former, ``merge_gateway_stats`` of the latter."""
+    answers = [json_format.ParseDict({"model_stats": report["model_stats"]}, service_pb2.ModelStatisticsResponse())
+               for report in reports]
+    return merge_statistics(answers), merge_gateway_stats([list(report["gateway_stats"]) for report in reports])
 
 
 def _copy(message: Any) -> Any:

@@ -11,6 +11,7 @@ import os
 import socket
 from typing import Any
 
+import httpx
 from prometheus_client import generate_latest
 
 from services.gateway.dataplane import DataPlane
@@ -21,7 +22,8 @@ from services.gateway.versions.replicas import adopt
 from services.gateway.workers.figures import NodeFigures
 from services.gateway.workers.forwarding import repository_forward
 from services.gateway.workers.kept import KeptFigures
-from services.gateway.workers.peers import Peers, WorkerDown
+from services.gateway.workers.kept_statistics import KeptStatistics
+from services.gateway.workers.peers import FIGURES_TIMEOUT_S, Peers, WorkerDown, failure
 from services.gateway.workers.place import WorkerPlace
 from services.gateway.workers.regions import PeerRegions
 
@@ -41,6 +43,7 @@ class WorkerNode:
         self.share = NodeShare.attach(place.share_path, place.index)
         self.share.reset_worker(place.index)
         self.kept = KeptFigures(place.figures_path, place.index)
+        self.kept_statistics = KeptStatistics(place.figures_path, place.index)
         self._dataplane: DataPlane | None = None
         self._manager: VersionManager | None = None
 
@@ -49,7 +52,8 @@ class WorkerNode:
         version actions reach every worker, on the others repository actions go to worker 0 (the admin API goes
         there as HTTP, ``forwarding.py``). The node's calls reach this worker on its socket once it serves."""
         self._dataplane, self._manager = dataplane, manager
-        figures = NodeFigures(self.peers, shared_server=manager.backend.shared_server, kept=self.kept)
+        figures = NodeFigures(self.peers, shared_server=manager.backend.shared_server, kept=self.kept,
+                              kept_statistics=self.kept_statistics, here=lambda: dataplane.statistics_here("", None))
         dataplane.node = figures
         regions = PeerRegions(self.peers)
         await regions.take_over(dataplane.regions)
@@ -83,12 +87,25 @@ class WorkerNode:
         await self.peers.close()
         self.share.close()
 
+    async def serving(self) -> None:
+        """Once this worker's sockets listen: the routing worker 0 committed between ``join``'s catch-up and now is
+        taken. Worker 0 tells a worker each commit only once its socket listens (``peers.py`` leaves out one that
+        does not), so without this a commit in that gap (the rest of the startup: a full garbage collection, the
+        listeners) would reach this worker with the next action only, while the action reported it in force."""
+        if not self.place.acting and self._manager is not None:
+            await self._catch_up(self._manager)
+
     async def _catch_up(self, manager: VersionManager) -> None:
         """Routing worker 0 committed while this worker started (before its socket listened) is taken now."""
         try:
             records = await self.peers.routing()
         except WorkerDown:
             return  # worker 0 is restarting: it reads the same persisted routing this worker started from
+        except httpx.HTTPError as exc:  # worker 0 runs but does not answer: serve what this worker started from
+            log.error("worker %d could not ask worker 0 for the node's routing (%s); it serves the routing it "
+                      "started from until worker 0's next action reaches it", self.place.index,
+                      failure(exc, FIGURES_TIMEOUT_S))
+            return
         for model, record in records.items():
             problem = await adopt(manager, model, record)
             if problem is not None:

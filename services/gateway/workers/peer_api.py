@@ -19,7 +19,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from services.gateway.dataplane import DataPlane
 from services.gateway.errors import GatewayError
 from services.gateway.repository_api import RepositoryApi
-from services.gateway.rest.messages import message_json
 from services.gateway.state import RoutingRecord
 from services.gateway.tensors.types import VersionState
 from services.gateway.versions.manager import VersionManager
@@ -27,6 +26,7 @@ from services.gateway.versions.progress import Progress, Steps
 from services.gateway.versions.replicas import adopt
 from services.gateway.workers.figures import PID_HEADER
 from services.gateway.workers.kept import KeptFigures
+from services.gateway.workers.kept_statistics import KeptStatistics, report_json
 from services.gateway.workers.regions import region_json
 
 log = logging.getLogger(__name__)
@@ -38,10 +38,11 @@ class PeerApi:
 
     def __init__(
         self, gateway: ASGIApp, dataplane: DataPlane, manager: VersionManager, repository: RepositoryApi,
-        kept: KeptFigures,
+        kept: KeptFigures, kept_statistics: KeptStatistics,
     ) -> None:
         self._gateway = gateway
         self._kept = kept
+        self._kept_statistics = kept_statistics
         self._dataplane = dataplane
         self._manager = manager
         self._repository = repository
@@ -84,14 +85,11 @@ class PeerApi:
         return Response(text, media_type=CONTENT_TYPE_LATEST, headers=headers)
 
     async def _statistics(self, request: Request) -> Response:
-        raw = request.query_params.get("version")
-        try:
-            report = await self._dataplane.statistics_here(request.query_params.get("model", ""),
-                                                           None if raw is None else int(raw))
-        except GatewayError:  # nothing of that model here (the worker that asked answers the error)
-            return JSONResponse({"model_stats": [], "gateway_stats": []})
-        return JSONResponse({"model_stats": [message_json(s) for s in report.model_stats],
-                             "gateway_stats": report.gateway_stats})
+        """This process's statistics of every ready version (the worker that asked takes what its client asked
+        for), kept first: should it die, the node goes on counting what it reported."""
+        report = report_json(await self._dataplane.statistics_here("", None))  # an error: left out, by its last report
+        await asyncio.to_thread(self._kept_statistics.keep_report, report)
+        return JSONResponse(report, headers={PID_HEADER: str(self._kept_statistics.pid)})
 
     async def _ready(self, request: Request) -> Response:
         ready = await self._dataplane.ready_here()

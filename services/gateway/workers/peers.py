@@ -75,7 +75,7 @@ class Peers:
             if isinstance(answer, WorkerDown):
                 continue
             if isinstance(answer, Exception):
-                problems.append((index, 503, f"worker {index} did not answer: {answer}"))
+                problems.append((index, 503, f"worker {index} did not answer: {failure(answer, ACTION_TIMEOUT_S)}"))
             elif answer.status_code != 200:
                 problems.append((index, answer.status_code, f"worker {index}: {_error(answer)}"))
             else:
@@ -99,7 +99,7 @@ class Peers:
             if isinstance(answer, WorkerDown):
                 steps[index] = {"note": str(answer)}
             elif isinstance(answer, Exception):
-                steps[index] = {"error": f"did not answer: {answer}"}
+                steps[index] = {"error": f"did not answer: {failure(answer, ACTION_TIMEOUT_S)}"}
             elif answer.status_code != 200:
                 steps[index] = {"error": _error(answer)}
             else:
@@ -110,20 +110,16 @@ class Peers:
         return steps
 
     # -- the node's figures, on any worker ----------------------------------------------------------------------
-    async def texts(self, path: str, **params: str) -> list[tuple[int, str]]:
-        """Each answering worker's text answer to ``path`` (its own figures)."""
-        return [(index, answer.text) for index, answer in await self.answers(path, **params)]
-
-    async def answers(self, path: str, **params: str) -> list[tuple[int, httpx.Response]]:
+    async def answers(self, path: str, *, timeout_s: float = FIGURES_TIMEOUT_S) -> list[tuple[int, httpx.Response]]:
         """Each answering worker's answer to ``path``, in worker order; the others are left out (and logged, but for
         a worker that is not running)."""
-        answers = await self.each("GET", path, timeout_s=FIGURES_TIMEOUT_S, params=params)
+        answers = await self.each("GET", path, timeout_s=timeout_s)
         found = []
         for index, answer in sorted(answers.items()):
             if isinstance(answer, Exception) or answer.status_code != 200:
                 if not isinstance(answer, WorkerDown):
                     log.warning("worker %d left out of %s: %s", index, path,
-                                answer if isinstance(answer, Exception) else _error(answer))
+                                failure(answer, timeout_s) if isinstance(answer, Exception) else _error(answer))
                 continue
             found.append((index, answer))
         return found
@@ -132,6 +128,13 @@ class Peers:
         """Worker 0's routing now (a worker that just started catches up with it)."""
         answer = await self.call(ACTING, "GET", "/peer/routing", timeout_s=FIGURES_TIMEOUT_S)
         return {model: RoutingRecord.from_json(raw) for model, raw in answer.json()["models"].items()}
+
+
+def failure(exc: Exception, timeout_s: float) -> str:
+    """What went wrong with a call to a worker, in words: httpx's timeouts carry no text of their own."""
+    if isinstance(exc, httpx.TimeoutException):
+        return f"no answer within {timeout_s:g} s ({type(exc).__name__}: the worker is busy, hung or stopped)"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _error(answer: httpx.Response) -> str:

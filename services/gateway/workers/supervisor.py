@@ -131,12 +131,16 @@ class Supervisor:
             self._stop_all()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            for sock in self._reservations:
-                sock.close()
-            self._share.close()
-            shutil.rmtree(self._folder, ignore_errors=True)
+            self.close()
             log.info("node stopped: %d workers, %d restarts", self._count,
                      sum(w.restarts for w in self._workers.values()))
+
+    def close(self) -> None:
+        """Lets the node's ports and folder go (its workers stopped)."""
+        for sock in self._reservations:
+            sock.close()
+        self._share.close()
+        shutil.rmtree(self._folder, ignore_errors=True)
 
     def _stop(self, signum: int, frame: FrameType | None) -> None:
         self._stopping = True
@@ -199,10 +203,12 @@ class Supervisor:
                 worker.backoff_s = min(worker.backoff_s * 2, MAX_BACKOFF_S)  # the next death within a minute waits more
                 worker.due = now + delay
                 worker.restarts += 1
+                # Its concurrency slots are freed now, not at its restart: the backoff (up to 30 s) would hold them
+                # from the node's other workers meanwhile. It is dead, so it never gives them back itself.
+                self._share.reset_worker(worker.index)
                 log.error("worker %d (pid %s) died with %s; restarting it in %.0f s (restart %d)", worker.index,
                           worker.process.pid, _how(worker.process), delay, worker.restarts)
             elif worker.due is not None and now >= worker.due:
-                self._share.reset_worker(worker.index)  # the slots it held when it died
                 self._spawn(worker.index)
 
     def _stop_all(self) -> None:

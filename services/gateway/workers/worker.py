@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Awaitable, Callable
 
 import uvicorn
 from prometheus_client import Gauge
@@ -34,8 +35,9 @@ def run_worker(spec: WorkerSpec) -> None:
                      registry=app.state.dataplane.metrics.registry)
     restarts.set(spec.restarts)  # the node's answer adds the workers' up
     gateway = app if place.acting else ForwardToActingWorker(app, node.peers, max_body_bytes=settings.max_body_bytes)
-    served = PeerApi(gateway, app.state.dataplane, app.state.manager, app.state.repository_api, node.kept)
-    server = PlainPeerSocketServer(uvicorn_config(settings, served), node.listen())
+    served = PeerApi(gateway, app.state.dataplane, app.state.manager, app.state.repository_api, node.kept,
+                     node.kept_statistics)
+    server = PlainPeerSocketServer(uvicorn_config(settings, served), node.listen(), node.serving)
     server.run(sockets=[reuseport_socket(settings.host, settings.port)])
 
 
@@ -44,9 +46,13 @@ class PlainPeerSocketServer(uvicorn.Server):
     node's own calls (``peers.py``, the supervisor's readiness check) in plain HTTP, and only this worker's user can
     open it (mode 0600), so it is served here without TLS, beside the TCP port, once uvicorn's startup is done."""
 
-    def __init__(self, config: uvicorn.Config, peer_socket: socket.socket) -> None:
+    def __init__(
+        self, config: uvicorn.Config, peer_socket: socket.socket, serving: Callable[[], Awaitable[None]]
+    ) -> None:
+        """``serving``: called once both sockets listen (``WorkerNode.serving``)."""
         super().__init__(config)
         self._peer_socket = peer_socket
+        self._serving = serving
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
@@ -60,3 +66,4 @@ class PlainPeerSocketServer(uvicorn.Server):
             )
 
         self.servers.append(await loop.create_server(protocol, sock=self._peer_socket, backlog=config.backlog))
+        await self._serving()
