@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fcntl
 import hashlib
 import hmac
 import importlib
@@ -24,7 +25,8 @@ import os
 import re
 import secrets
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from fnmatch import fnmatchcase
@@ -200,13 +202,45 @@ def render(entries: Mapping[str, KeyEntry], path: Path, admins: Mapping[str, Adm
 
 def write_entries(path: Path, entries: Mapping[str, KeyEntry], admins: Mapping[str, AdminEntry] | None = None) -> None:
     """Replaces the file whole (a temporary file beside it, fsync, rename; mode 0600, as mkstemp makes it): the
-    gateway reading it at any moment sees either the old file or the new one, never a part."""
-    replace_file(path, render(entries, path, admins).encode("utf-8"))
+    gateway reading it at any moment sees either the old file or the new one, never a part. Raises ``KeyFileError``
+    and writes nothing when the text would not read back (an ``rps`` of inf, a model name that is not text)."""
+    data = _checked_text(render(entries, path, admins), path)
+    replace_file(path, data)
     fsync_folder(path.parent)  # the rename itself survives a crash
 
 
 def write_file(path: Path, file: KeyFile) -> None:
     write_entries(path, file.keys, file.admins)
+
+
+def lock_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.lock")
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Holds the keys file's lock (an ``flock`` on ``.<name>.lock`` beside it) for a read, change and write: two
+    `switchyard keys` commands at once otherwise each write what they read, and one's change is lost (a key said to
+    be revoked stays valid). The gateway reads without it: each write replaces the file whole. Raises ``OSError``."""
+    fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the descriptor closes, or the process dies
+        yield
+    finally:
+        os.close(fd)
+
+
+def _checked_text(text: str, path: Path) -> bytes:
+    """``text`` as the file's bytes once it reads back as a valid keys file, by the gateway's own rules: a file the
+    gateway would refuse keeps it on the previous keys (a revocation never takes effect) and leaves every later
+    `switchyard keys` command refusing to read it."""
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start : exc.end]
+        raise KeyFileError(f"{path}: {bad!r} is not text (a model name or pattern with undecodable bytes?)") from None
+    parse_document(_parse_text(data, path), str(path))
+    return data
 
 
 def _tables(document: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any]:
@@ -333,7 +367,10 @@ def _b64(data: bytes) -> str:
 
 
 def _read_document(path: Path) -> Mapping[str, Any]:
-    text = path.read_bytes()
+    return _parse_text(path.read_bytes(), path)
+
+
+def _parse_text(text: bytes, path: Path) -> Mapping[str, Any]:
     if path.suffix.lower() == ".toml":
         try:
             return tomllib.loads(text.decode("utf-8"))
@@ -381,7 +418,26 @@ def _plain_admin(admin: AdminEntry) -> dict[str, Any]:
 
 
 def _toml_table(kind: str, entry_id: str, fields: Mapping[str, Any]) -> str:
-    # JSON strings, numbers and arrays of strings are valid TOML values: no TOML writer is needed.
     lines = [f"\n[{kind}.{entry_id}]"]
-    lines += [f"{name} = {json.dumps(value)}" for name, value in fields.items()]
+    lines += [f"{name} = {_toml_value(value)}" for name, value in fields.items()]
     return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    """A string, a number or a list of strings as TOML. Not ``json.dumps``: JSON writes a character beyond the BMP as
+    two surrogate escapes (``\\ud83d\\ude00``) and infinity as ``Infinity``, neither of which TOML reads."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, str):
+        return '"' + "".join(_TOML_ESCAPES.get(char) or _toml_char(char) for char in value) + '"'
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")  # read back, then refused by name
+    return json.dumps(value)
+
+
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _toml_char(char: str) -> str:
+    # TOML's basic strings take any character as itself except the control characters, which are escaped.
+    return f"\\u{ord(char):04x}" if ord(char) < 0x20 or ord(char) == 0x7F else char

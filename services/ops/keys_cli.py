@@ -6,6 +6,8 @@ their last line of output, and only its salted hash is written. Only typer, the 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -26,6 +28,7 @@ from services.keyfile.format import (
     hash_secret,
     is_structured,
     load_file,
+    locked,
     new_secret,
     parse_expiry,
     presented_admin_token,
@@ -117,76 +120,80 @@ def add(
 ) -> None:
     """Add a key that may call the models given (or with --role an admin API token); prints it once, last."""
     path = _keys_file(file)
-    found = _read(path) if path.exists() else KeyFile({}, {})
-    if not ID_PATTERN.fullmatch(key_id):
-        _fail(f"the id must be 1-64 of A-Z a-z 0-9 - (got {key_id!r})")
-    if key_id in found.keys or key_id in found.admins:
-        kind = "a key" if key_id in found.keys else "an admin token"
-        _fail(f"{path} has {kind} '{key_id}' already: rotate it (switchyard keys rotate {key_id}) or pick another id")
-    secret = new_secret()
-    if role is not None:
-        given = [name for name, value in (("--models", models), ("--tenant", tenant), ("--rps", rps),
-                                          ("--burst", burst), ("--concurrency", concurrency)) if value]
-        if given:
-            _fail(f"{', '.join(given)} apply to API keys; an admin token (--role) has a role only")
-        admin = AdminEntry(key_id, (hash_secret(secret),), role.value, _expiry(expires))
-        _write(path, KeyFile(found.keys, {**found.admins, key_id: admin}))
-        if not found.keys:  # on stderr: the secret stays the last line of the output
-            typer.echo(f"note: {path} holds no API key: a gateway reading it (SWITCHYARD_API_KEYS_FILE) refuses every "
-                       "inference request with 401 until one is added (switchyard keys add ID --models PATTERN)",
-                       err=True)
-        typer.echo(f"added admin token '{key_id}' ({role.value}) to {path}; it is shown only this once:")
-        typer.echo(presented_admin_token(key_id, secret))
-        return
-    patterns = _patterns(models)
-    if tenant is not None and not TENANT_PATTERN.fullmatch(tenant):
-        _fail(f"--tenant must be 1-64 of A-Z a-z 0-9 _ . - (got {tenant!r})")
-    if burst is not None and rps is None:
-        _fail("--burst needs --rps beside it")
-    entry = KeyEntry(key_id, (hash_secret(secret),), patterns, _expiry(expires), tenant or key_id,
-                     rps=rps, burst=burst, concurrency=concurrency)
-    _write(path, KeyFile({**found.keys, key_id: entry}, found.admins))
-    typer.echo(f"added key '{key_id}' to {path} (models: {', '.join(patterns)}); it is shown only this once:")
-    typer.echo(presented_key(key_id, secret))
+    with _locked(path):
+        found = _read(path) if path.exists() else KeyFile({}, {})
+        if not ID_PATTERN.fullmatch(key_id):
+            _fail(f"the id must be 1-64 of A-Z a-z 0-9 - (got {key_id!r})")
+        if key_id in found.keys or key_id in found.admins:
+            kind = "a key" if key_id in found.keys else "an admin token"
+            _fail(f"{path} has {kind} '{key_id}' already: rotate it (switchyard keys rotate {key_id}) or pick another "
+                  "id")
+        secret = new_secret()
+        if role is not None:
+            given = [name for name, value in (("--models", models), ("--tenant", tenant), ("--rps", rps),
+                                              ("--burst", burst), ("--concurrency", concurrency)) if value]
+            if given:
+                _fail(f"{', '.join(given)} apply to API keys; an admin token (--role) has a role only")
+            admin = AdminEntry(key_id, (hash_secret(secret),), role.value, _expiry(expires))
+            _write(path, KeyFile(found.keys, {**found.admins, key_id: admin}))
+            if not found.keys:  # on stderr: the secret stays the last line of the output
+                typer.echo(f"note: {path} holds no API key: a gateway reading it (SWITCHYARD_API_KEYS_FILE) refuses "
+                           "every inference request with 401 until one is added (switchyard keys add ID --models "
+                           "PATTERN)", err=True)
+            typer.echo(f"added admin token '{key_id}' ({role.value}) to {path}; it is shown only this once:")
+            typer.echo(presented_admin_token(key_id, secret))
+            return
+        patterns = _patterns(models)
+        if tenant is not None and not TENANT_PATTERN.fullmatch(tenant):
+            _fail(f"--tenant must be 1-64 of A-Z a-z 0-9 _ . - (got {tenant!r})")
+        if burst is not None and rps is None:
+            _fail("--burst needs --rps beside it")
+        entry = KeyEntry(key_id, (hash_secret(secret),), patterns, _expiry(expires), tenant or key_id,
+                         rps=rps, burst=burst, concurrency=concurrency)
+        _write(path, KeyFile({**found.keys, key_id: entry}, found.admins))
+        typer.echo(f"added key '{key_id}' to {path} (models: {', '.join(patterns)}); it is shown only this once:")
+        typer.echo(presented_key(key_id, secret))
 
 
 def rotate(key_id: KeyId, file: KeysFile = None) -> None:
     """Give a key or admin token a new secret (the previous one stays valid); prints it once, last."""
     path = _keys_file(file)
-    found = _read(path)
-    entry = _entry(found, key_id, path)
-    secret = new_secret()
-    kept = entry.secrets[-(MAX_SECRETS - 1) :]  # two already: the older goes
-    renewed = replace(entry, secrets=(*kept, hash_secret(secret)))
-    _write(path, _with(found, renewed))
-    dropped = len(entry.secrets) - len(kept)
-    kind = _kind(entry)
-    typer.echo(
-        f"rotated {kind} '{key_id}' in {path}: the previous secret stays valid until "
-        f"`switchyard keys revoke {key_id} --secret old`"
-        + (f" ({dropped} older secret dropped)" if dropped else "")
-        + f"; the new {kind} is shown only this once:"
-    )
-    is_admin = isinstance(entry, AdminEntry)
-    typer.echo(presented_admin_token(key_id, secret) if is_admin else presented_key(key_id, secret))
+    with _locked(path):
+        found = _read(path)
+        entry = _entry(found, key_id, path)
+        secret = new_secret()
+        kept = entry.secrets[-(MAX_SECRETS - 1) :]  # two already: the older goes
+        renewed = replace(entry, secrets=(*kept, hash_secret(secret)))
+        _write(path, _with(found, renewed))
+        dropped = len(entry.secrets) - len(kept)
+        kind = _kind(entry)
+        typer.echo(
+            f"rotated {kind} '{key_id}' in {path}: the previous secret stays valid until "
+            f"`switchyard keys revoke {key_id} --secret old`"
+            + (f" ({dropped} older secret dropped)" if dropped else "")
+            + f"; the new {kind} is shown only this once:"
+        )
+        is_admin = isinstance(entry, AdminEntry)
+        typer.echo(presented_admin_token(key_id, secret) if is_admin else presented_key(key_id, secret))
 
 
 def revoke(key_id: KeyId, file: KeysFile = None, secret: Secret = Which.all) -> None:
     """Revoke a key or admin token (or only its older secret, after a rotate); refused within a second."""
     path = _keys_file(file)
-    found = _read(path)
-    entry = _entry(found, key_id, path)
-    kind = _kind(entry)
-    if secret is Which.all:
-        keys = {name: kept for name, kept in found.keys.items() if name != key_id}
-        admins = {name: kept for name, kept in found.admins.items() if name != key_id}
-        _write(path, KeyFile(keys, admins))
-        typer.echo(f"revoked {kind} '{key_id}' in {path}")
-        return
-    if len(entry.secrets) < 2:
-        _fail(f"{kind} '{key_id}' has one secret: --secret old needs two (after `switchyard keys rotate {key_id}`)")
-    _write(path, _with(found, replace(entry, secrets=entry.secrets[-1:])))
-    typer.echo(f"revoked the older secret of {kind} '{key_id}' in {path}; the newest one stays valid")
+    with _locked(path):
+        found = _read(path)
+        entry = _entry(found, key_id, path)
+        kind = _kind(entry)
+        if secret is Which.all:
+            keys = {name: kept for name, kept in found.keys.items() if name != key_id}
+            admins = {name: kept for name, kept in found.admins.items() if name != key_id}
+            _write(path, KeyFile(keys, admins))
+            typer.echo(f"revoked {kind} '{key_id}' in {path}")
+            return
+        if len(entry.secrets) < 2:
+            _fail(f"{kind} '{key_id}' has one secret: --secret old needs two (after `switchyard keys rotate {key_id}`)")
+        _write(path, _with(found, replace(entry, secrets=entry.secrets[-1:])))
+        typer.echo(f"revoked the older secret of {kind} '{key_id}' in {path}; the newest one stays valid")
 
 
 def _kind(entry: KeyEntry | AdminEntry) -> str:
@@ -207,6 +214,17 @@ def _keys_file(file: Path | None) -> Path:
         _fail(f"the keys file must end in {', '.join(STRUCTURED_SUFFIXES)} (got {file}); the key:tenant line format "
               "is edited by hand")
     return file
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """The keys file's lock for the whole command: a command run beside it waits, then reads what it wrote."""
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(locked(path))
+        except OSError as exc:
+            _fail(f"cannot lock {path} for writing: {exc}")
+        yield
 
 
 def _read(path: Path) -> KeyFile:

@@ -4,6 +4,7 @@ disk served to the next connection without a restart. One gateway (empty reposit
 from __future__ import annotations
 
 import http.client
+import os
 import socket
 import ssl
 import time
@@ -151,3 +152,40 @@ def test_every_worker_serves_tls_with_client_certificates_over_both_protocols(pk
         with pytest.raises(REFUSED):
             without_certificate.is_server_live()
     assert served == {server.serial}
+
+
+def test_a_client_ca_replaced_on_disk_refuses_the_old_cas_clients_over_both_protocols(tmp_path: Path) -> None:
+    """Replacing the client CA file (dropping a compromised CA) holds for the next connection on both listeners,
+    HTTP included: its context once kept every CA it had ever loaded."""
+    old_ca, new_ca = make_authority(tmp_path, "old-ca"), make_authority(tmp_path, "new-ca")
+    server = new_ca.issue(tmp_path, "server", server=True)
+    old = Pki(tmp_path, new_ca, server, old_ca.issue(tmp_path, "old-client", server=False))
+    new = Pki(tmp_path, new_ca, server, new_ca.issue(tmp_path, "new-client", server=False))
+    client_ca = tmp_path / "client-ca.pem"
+    client_ca.write_bytes(old_ca.cert_file.read_bytes())
+    (tmp_path / "repository").mkdir()
+    settings = Settings(repository=tmp_path / "repository", port=0, grpc_port=0, tls_cert_file=server.cert_file,
+                        tls_key_file=server.key_file, tls_client_ca_file=client_ca)
+    with running_gateway(settings) as gateway:
+        assert http_client(gateway, old, with_certificate=True).is_server_live()
+        swapped = tmp_path / "swapped.pem"
+        swapped.write_bytes(new_ca.cert_file.read_bytes())
+        os.replace(swapped, client_ca)
+
+        deadline = time.monotonic() + 10.0  # the watcher looks once a second
+        while not http_refuses(gateway, old) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert http_refuses(gateway, old)
+        assert http_client(gateway, new, with_certificate=True).is_server_live()
+        with grpc_client(gateway, old, with_certificate=True) as client, pytest.raises(InferenceServerException):
+            client.is_server_live(client_timeout=5.0)
+        with grpc_client(gateway, new, with_certificate=True) as client:
+            assert client.is_server_live()
+
+
+def http_refuses(gateway: RunningGateway, pki: Pki) -> bool:
+    try:
+        http_client(gateway, pki, with_certificate=True).is_server_live()
+    except REFUSED:
+        return True
+    return False

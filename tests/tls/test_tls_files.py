@@ -130,3 +130,47 @@ def test_a_certificate_replaced_before_its_key_keeps_the_previous_pair_serving(
 
     assert tls.reload_if_changed() is False
     assert served_certificate(tls.context, tmp_path / "ca.pem") == before
+
+
+def client_accepted(server: ssl.SSLContext, ca_file: Path, client: Issued) -> bool:
+    """Whether ``server`` completes a handshake with a client presenting ``client``'s certificate, in memory."""
+    client_context = ssl.create_default_context(cafile=ca_file)
+    client_context.check_hostname = False
+    client_context.load_cert_chain(client.cert_file, client.key_file)
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    connecting = client_context.wrap_bio(to_client, to_server)
+    from_client, from_server = ssl.MemoryBIO(), ssl.MemoryBIO()
+    accepted = server.wrap_bio(from_client, from_server, server_side=True)
+    for _ in range(10):
+        for side in (connecting, accepted):
+            with contextlib.suppress(ssl.SSLWantReadError, ssl.SSLError):  # a refusal ends in an alert
+                side.do_handshake()
+        from_client.write(to_server.read())
+        to_client.write(from_server.read())
+    with contextlib.suppress(ValueError):  # "handshake not done yet": refused
+        return bool(accepted.getpeercert())
+    return False
+
+
+def test_a_client_ca_replaced_on_disk_stops_trusting_the_clients_of_the_one_it_replaced(tmp_path: Path) -> None:
+    """An operator drops a compromised client CA by replacing the file: new HTTP handshakes must trust the new CA
+    only (a context's trust store only grows: loading the new CA into the live one kept the old one trusted)."""
+    old_ca, new_ca = make_authority(tmp_path, "old-ca"), make_authority(tmp_path, "new-ca")
+    server = new_ca.issue(tmp_path, "server", server=True)
+    old_client, new_client = old_ca.issue(tmp_path, "old", server=False), new_ca.issue(tmp_path, "new", server=False)
+    client_ca = tmp_path / "client-ca.pem"
+    client_ca.write_bytes(old_ca.cert_file.read_bytes())
+    tls = server_tls(listener_settings(tmp_path, server.cert_file, server.key_file, tls_client_ca_file=client_ca))
+    assert isinstance(tls, ServerTls)
+    accepted = {name: client_accepted(tls.context, new_ca.cert_file, client)
+                for name, client in (("old", old_client), ("new", new_client))}
+    assert accepted == {"old": True, "new": False}
+
+    swapped = tmp_path / "swapped.pem"
+    swapped.write_bytes(new_ca.cert_file.read_bytes())
+    os.replace(swapped, client_ca)
+    assert tls.reload_if_changed() is True
+
+    accepted = {name: client_accepted(tls.context, new_ca.cert_file, client)
+                for name, client in (("old", old_client), ("new", new_client))}
+    assert accepted == {"old": False, "new": True}

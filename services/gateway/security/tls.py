@@ -1,9 +1,12 @@
 """TLS for the gateway's listeners and for its connection to Triton, built from the ``SWITCHYARD_TLS_*`` and
 ``SWITCHYARD_TRITON_TLS_*`` settings.
 
-Certificates are reloaded without a restart. The HTTP listener keeps one ``ssl.SSLContext`` whose chain a watcher
-loads again when the files change (OpenSSL copies the chain into each connection when its handshake starts, so
-new handshakes get the new certificate and open connections keep theirs); the gRPC listener's credentials ask
+Certificates are reloaded without a restart. The HTTP listener keeps one ``ssl.SSLContext`` (the one uvicorn
+listens with); a watcher builds a whole new context when the files change, and the listener's context hands each
+new handshake over to the newest one as it starts (its ``sni_callback``, which OpenSSL calls for every ClientHello,
+with or without a server name), so new handshakes get the new certificate and client CA and open connections keep
+theirs. A new context, not the chain loaded again into the old one: a context's trusted CAs can only be added to,
+so a client CA removed from the file would stay trusted until a restart. The gRPC listener's credentials ask
 ``ServerTls.grpc_fetch`` before every handshake, which reads the files again only when they changed. A change
 that does not load (half-written files, a key that does not match) is logged and the previous chain stays. The
 Triton backend opens new channels to Triton when ``triton_tls_files`` change (``backends/triton/channels.py``).
@@ -102,8 +105,11 @@ class ServerTls:
         self.files = files
         self.reloads = 0
         """Chains loaded since the start (by the HTTP watcher); tests and logs read it."""
-        self.context = self._server_context()
-        self._load_into(self.context)
+        self.current = self._loaded_context()
+        """What HTTP handshakes use now: replaced whole by each reload that loads."""
+        self.context = self._loaded_context()
+        """The listener's context: uvicorn's, fixed for its life; it hands each handshake to ``current``."""
+        self.context.sni_callback = self._hand_over
         self._stamps = files.stamps()
         self._grpc_stamps = self._stamps
         self._watcher: asyncio.Task[None] | None = None
@@ -132,10 +138,8 @@ class ServerTls:
         if stamps == self._stamps:
             return False
         try:
-            # Tried on a context of its own first: a certificate that loads into the live context before its key
-            # is refused stays there, beside the old key, and every handshake after it would fail.
-            self._load_into(self._server_context())
-            self._load_into(self.context)
+            # A context of its own: nothing of a change that does not load reaches a handshake.
+            self.current = self._loaded_context()
         except TlsError as exc:
             log.error("TLS certificate not reloaded, the previous one stays in use: %s", exc)
             return False
@@ -144,6 +148,17 @@ class ServerTls:
         self.reloads += 1
         log.info("TLS certificate reloaded from %s", self.files.cert.path)
         return True
+
+    def _hand_over(self, connection: ssl.SSLObject | ssl.SSLSocket, server_name: str | None,
+                   listener: ssl.SSLContext) -> None:
+        """The listener's ``sni_callback``, on the event loop's thread: the handshake goes on with the newest
+        certificate, key and client CA (OpenSSL takes the chain and the trust store of the context set here)."""
+        connection.context = self.current
+
+    def _loaded_context(self) -> ssl.SSLContext:
+        context = self._server_context()
+        self._load_into(context)
+        return context
 
     def _server_context(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
