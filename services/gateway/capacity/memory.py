@@ -6,6 +6,8 @@ elsewhere holds it)."""
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import math
 import os
 from collections.abc import Callable
@@ -48,7 +50,31 @@ Measure = Callable[[], float | None]
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, None where the C library has none (musl)."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is None:
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim  # type: ignore[no-any-return]
+
+
+_TRIM = _malloc_trim()
+
+
+def release_freed() -> None:
+    """Free what unloaded models left behind before a load is measured, not at the collector's or the allocator's
+    leisure: a runtime session caught in a reference cycle (an unloaded version's batcher and its cancelled worker
+    tasks) lives until a full collection, and glibc keeps freed heap memory in the process. Measured without this,
+    a load's growth counted memory the allocator had freed and kept (an 8 MiB model measured 52 MiB, and was
+    refused for good as larger than a 40 MiB budget), and unloaded sessions piled up beyond the budget."""
+    gc.collect()
+    if _TRIM is not None:
+        _TRIM(0)
+
+
 def this_process() -> float | None:
+    release_freed()  # what the process holds, not what it has freed and not yet handed back
     return resident_mb()
 
 
