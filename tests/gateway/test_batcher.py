@@ -361,3 +361,28 @@ async def test_batcher_counts_the_wait_for_a_thread_as_queue_time_when_execute_r
     await batcher.close()
     assert seen[0].waits[0] >= 0.25
     assert seen[0].execute_s < 0.2  # 50 ms and the loop's lateness; 300 ms if the wait were counted as the run
+
+
+async def test_a_closed_batcher_is_freed_by_reference_counting_when_its_owner_drops_it() -> None:
+    """Its runtime session goes with it at once: a cycle through its cancelled worker tasks (their errors hold the
+    workers' frames, which hold the batcher) kept an unloaded version's session alive until a full collection."""
+    import gc
+    import weakref
+
+    class Session:
+        async def __call__(self, inputs: dict[str, Array]) -> tuple[dict[str, Array], float]:
+            return {"y": inputs["x"]}, 0.0
+
+    session = Session()
+    batcher = await started(session, max_batch_size=4, instances=2)  # type: ignore[arg-type]
+    await batcher.submit(rows(1, 0.0))
+    freed = weakref.ref(session)
+    del session
+    gc.disable()
+    try:
+        await batcher.close()
+        del batcher
+        await asyncio.sleep(0)  # the cancelled tasks' last callbacks
+        assert freed() is None
+    finally:
+        gc.enable()

@@ -184,6 +184,9 @@ class DynamicBatcher:
         for task in self._workers:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
+        # Dropped: a cancelled task's error holds its frame, which holds this batcher, which holds the runtime
+        # session: a cycle that kept an unloaded version's memory until the collector's next full pass.
+        self._workers = []
         self._deadlines.close()
         while self._queue:
             item = self._queue.popleft()
