@@ -201,9 +201,10 @@ def render(entries: Mapping[str, KeyEntry], path: Path, admins: Mapping[str, Adm
 
 
 def write_entries(path: Path, entries: Mapping[str, KeyEntry], admins: Mapping[str, AdminEntry] | None = None) -> None:
-    """Replaces the file whole (a temporary file beside it, fsync, rename; mode 0600, as mkstemp makes it): the
-    gateway reading it at any moment sees either the old file or the new one, never a part. Raises ``KeyFileError``
-    and writes nothing when the text would not read back (an ``rps`` of inf, a model name that is not text)."""
+    """Replaces the file whole (a temporary file beside it, fsync, rename; a new file's mode is 0600, a replaced
+    one keeps its mode and group): the gateway reading it at any moment sees either the old file or the new one,
+    never a part. Raises ``KeyFileError`` and writes nothing when the text would not read back (an ``rps`` of inf, a
+    model name that is not text)."""
     data = _checked_text(render(entries, path, admins), path)
     replace_file(path, data)
     fsync_folder(path.parent)  # the rename itself survives a crash

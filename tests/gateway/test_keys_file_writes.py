@@ -82,3 +82,24 @@ def test_keys_commands_run_one_at_a_time_so_that_no_revocation_is_lost(tmp_path:
 
     assert revoking.returncode == 0, output
     assert dict(load_file(path).keys) == {}
+
+
+def test_a_keys_file_made_readable_to_the_gateway_keeps_its_mode_and_group_when_a_command_rewrites_it(
+    tmp_path: Path,
+) -> None:
+    """An operator makes the file 0640 in the gateway's group; a later `switchyard keys` run by another user must not
+    leave it 0600 and unreadable to the gateway (which would stay on the old keys: a revocation never applied)."""
+    path = tmp_path / "keys.toml"
+    assert keys("add", "team-a", "--models", "mlp", "--file", str(path))[0] == 0
+    assert path.stat().st_mode & 0o777 == 0o600  # a new file: only its owner reads it
+    groups = [g for g in os.getgroups() if g != os.getegid()]
+    group = groups[0] if groups else os.getegid()
+    os.chown(path, -1, group)
+    path.chmod(0o640)
+
+    assert keys("add", "team-b", "--models", "mlp", "--file", str(path))[0] == 0
+    assert keys("revoke", "team-a", "--file", str(path))[0] == 0
+
+    assert path.stat().st_mode & 0o777 == 0o640
+    assert path.stat().st_gid == group
+    assert set(load_file(path).keys) == {"team-b"}
