@@ -110,10 +110,11 @@ def test_deadlines_take_the_shortest_named_and_cut_to_the_maximum() -> None:
     assert Deadlines(None, None).budget(None, None, None) is None
 
 
-@pytest.mark.parametrize("header", ["abc", "-5", "0", "1e3", "١٠", "9" * 40, ""])
+@pytest.mark.parametrize("header", ["abc", "-5", "0", "1e3", "١٠", "9" * 40, "", "0.0000001"])
 def test_deadlines_refuse_header_when_not_positive_milliseconds(header: str) -> None:
-    with pytest.raises(InvalidInput, match="X-Request-Timeout must be a positive number of milliseconds"):
+    with pytest.raises(InvalidInput, match="X-Request-Timeout must be a positive number of milliseconds") as refused:
         Deadlines(None, None).budget(None, header, None)
+    assert "at most 12 digits, and 6 after the point" in str(refused.value)  # why 0.0000001 is refused
 
 
 def test_priorities_rank_parameter_over_header_and_refuse_out_of_range() -> None:

@@ -37,7 +37,8 @@ def _header_seconds(value: str | None) -> float | None:
     text = value.strip()
     if not _MILLIS.fullmatch(text) or float(text) <= 0:
         raise InvalidInput(
-            f"X-Request-Timeout must be a positive number of milliseconds like 250 or 2.5, got {_shown(value)}"
+            "X-Request-Timeout must be a positive number of milliseconds like 250 or 2.5 (at most 12 digits, and 6 "
+            f"after the point: a microsecond), got {_shown(value)}"
         )
     return float(text) / 1e3
 
