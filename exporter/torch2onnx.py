@@ -333,7 +333,10 @@ def _export_legacy(model: torch.nn.Module, job: _Job) -> None:
 
 
 def _check_batch_axes(model: onnx.ModelProto) -> None:
-    for kind, values in (("input", model.graph.input), ("output", model.graph.output)):
+    # Below IR version 4 (old opsets) every weight is listed as a graph input too: those are no inputs of the model's.
+    weights = {initializer.name for initializer in model.graph.initializer}
+    inputs = [value for value in model.graph.input if value.name not in weights]
+    for kind, values in (("input", inputs), ("output", model.graph.output)):
         for value in values:
             dims = value.type.tensor_type.shape.dim
             if dims and not dims[0].dim_param:

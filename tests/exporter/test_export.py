@@ -282,3 +282,16 @@ def test_export_refuses_opset_when_no_exporter_can_write_it(repo: Path) -> None:
         export(build_mlp(), mlp_inputs(2), name="mlp", repository=repo, input_names=["features"], opset=99)
 
     assert listing(repo) == []
+
+
+@pytest.mark.slow  # exports a model
+def test_export_writes_an_old_opset_whose_graph_lists_its_weights_as_inputs(repo: Path) -> None:
+    """Below IR version 4 every weight is a graph input as well: those are no inputs of the model's, and their fixed
+    first dim is no pinned batch axis (it was refused as "input 'inner.weight' has a fixed batch axis")."""
+    result = export(torch.nn.Linear(4, 2), torch.randn(2, 4), name="lin", repository=repo, opset=7)
+
+    model = onnx.load(str(result.model_dir / "model.onnx"))
+    weights = {initializer.name for initializer in model.graph.initializer}
+    assert weights & {value.name for value in model.graph.input}  # the old form: weights listed as inputs
+    assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [7]
+    assert result.parity.passed
