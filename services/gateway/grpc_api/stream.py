@@ -2,8 +2,11 @@
 
 Each request on the stream goes the way a unary ``ModelInfer`` goes (admission, routing, lease, batching, counting):
 the call's metadata (API key, timeout, priority) and deadline apply to every request on it. A request that fails is
-answered on the stream with its ``error_message`` and its id, as Triton answers it; the stream goes on. Every
-successful response carries ``triton_final_response`` (false on all but the last of a decoupled model's responses).
+answered on the stream with its ``error_message`` and its id, as Triton answers it (a model's failure names the model
+and carries the final flag too); the stream goes on. Every successful response carries ``triton_final_response``
+(false on all but the last of a decoupled model's responses); a decoupled model's final flag on its own goes to the
+client, as an empty response, only when its request asked with ``triton_enable_empty_final_response``, as in Triton
+(docs/protocol.md, "Streaming inference (gRPC)").
 
 Bounds: at most ``max_inflight`` requests of one stream are served at once; past that the stream is not read until
 one is answered, so a fast sender is held back by gRPC's flow control instead of queueing without bound. Answers wait
@@ -27,15 +30,17 @@ import grpc
 from tritonclient.grpc import service_pb2
 
 from services.gateway.dataplane import DataPlane
-from services.gateway.errors import GatewayError, unexpected
+from services.gateway.errors import GatewayError, InferenceFailed, InvalidInput, shown, unexpected
 from services.gateway.grpc_api.codec import decode_request, encode_response
 from services.gateway.shaping.shaper import Admitted
 from services.gateway.tensors.regions import tensor_regions
-from services.gateway.tensors.types import InferResponse
+from services.gateway.tensors.types import InferRequest, InferResponse
 from services.gateway.tracing.spans import CURRENT, Tracing
 from services.gateway.versions.routing import Header
 
 PROTOCOL = "grpc"
+FINAL = "triton_final_response"
+EMPTY_FINAL = "triton_enable_empty_final_response"
 SPAN_NAME = "inference.GRPCInferenceService/ModelStreamInfer"
 
 
@@ -243,6 +248,7 @@ class StreamService:
             try:
                 await shaper.admit(admitted, request.model_name, PROTOCOL, api_key=api_key, size=request.ByteSize())
                 decoded = decode_request(request, tensor_regions(dataplane.regions, admitted.tenant))
+                empty_final = _empty_final_asked(decoded)
                 shaper.shape(decoded, admitted, started, timeout=timeout, priority=priority,
                              call_remaining_s=context.time_remaining())
             except GatewayError as exc:
@@ -254,8 +260,9 @@ class StreamService:
                 dataplane.record_error(request.model_name, request.model_version, PROTOCOL, error, admitted.tenant)
                 await exchange.put(_error(request.id, error))
                 return
+            decoupled = dataplane.decoupled(decoded.model)
             try:
-                if not dataplane.decoupled(decoded.model):  # the common case, without a generator per request
+                if not decoupled:  # the common case, without a generator per request
                     response = await dataplane.infer_once_streamed(decoded, protocol=PROTOCOL, header=header)
                     await exchange.put(_answer(response))
                     return
@@ -264,9 +271,14 @@ class StreamService:
                 responses = dataplane.infer_stream(decoded, protocol=PROTOCOL, header=header)
                 async with contextlib.aclosing(responses):
                     async for response in responses:
+                        if response.final and not response.outputs and not empty_final:
+                            continue  # the final flag on its own: Triton sends it only to a client that asks
                         await exchange.put(_answer(response))
             except GatewayError as exc:  # counted by the dataplane
-                await exchange.put(_error(request.id, exc))
+                if isinstance(exc, InferenceFailed):
+                    await _model_failed(request.id, decoded.model, exc, decoupled and empty_final, exchange)
+                else:
+                    await exchange.put(_error(request.id, exc))
             except Exception as exc:
                 error = unexpected(exc, "a request on a gRPC stream")
                 dataplane.record_error(decoded.model, decoded.version, PROTOCOL, error, admitted.tenant)
@@ -275,10 +287,49 @@ class StreamService:
             exchange.finished()
 
 
+async def _model_failed(
+    request_id: str, model: str, error: GatewayError, closing: bool, exchange: _Exchange
+) -> None:
+    """A model that failed once it had the request, in Triton's shape: the error names the model and carries the final
+    flag. The request ends there: ``closing`` (a decoupled model's client that asked for the empty final response)
+    sends that response after the error, as Triton does (tritonclient hands an error to its callback without its flag:
+    a client that waits for the final flag would wait for ever)."""
+    message = _error(request_id, error)
+    message.infer_response.model_name = model
+    message.infer_response.parameters[FINAL].bool_param = not closing
+    await exchange.put(message)
+    if closing:
+        final = service_pb2.ModelStreamInferResponse()
+        final.infer_response.model_name = model
+        final.infer_response.id = request_id
+        final.infer_response.parameters[FINAL].bool_param = True
+        await exchange.put(final)
+
+
+def _empty_final_asked(request: InferRequest) -> bool:
+    """Whether the client asked for the final flag on its own (``triton_enable_empty_final_response``, a bool), taken
+    out of the request's parameters: it is the stream's business, not the model's, on every backend and model."""
+    value = request.parameters.get(EMPTY_FINAL, False)
+    if EMPTY_FINAL in request.parameters:
+        request.parameters = {name: kept for name, kept in request.parameters.items() if name != EMPTY_FINAL}
+    if not isinstance(value, bool):
+        raise InvalidInput(
+            f"invalid value type for '{EMPTY_FINAL}' parameter, expected bool_param; got {_kind(value)}"
+        )
+    return value
+
+
+def _kind(value: object) -> str:
+    """What came instead of a bool, as the client set it."""
+    if isinstance(value, str):
+        return f"the string {shown(value)}"
+    return f"the {'integer' if isinstance(value, int) else 'number'} {value}"
+
+
 def _answer(response: InferResponse) -> Any:
     message = service_pb2.ModelStreamInferResponse()
     encode_response(response, into=message.infer_response)
-    message.infer_response.parameters["triton_final_response"].bool_param = response.final
+    message.infer_response.parameters[FINAL].bool_param = response.final
     return message
 
 

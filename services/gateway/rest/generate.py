@@ -126,8 +126,8 @@ class GenerateEndpoint:
         count = 0
         try:
             async for response in stream:
-                if answered is not None and response.final and not response.outputs:
-                    continue  # a decoupled model's closing flag, not an answer
+                if _closing_flag(response):
+                    continue  # not an answer: alone, the model answered nothing (Triton refuses that too)
                 answered = answered or response
                 count += 1
         except GatewayError as exc:  # counted by the data plane
@@ -221,17 +221,13 @@ async def sse_events(
 ) -> AsyncIterator[bytes]:
     """Each response as one server-sent event, ``first`` then ``rest`` to their end; a failure on the way becomes an
     event holding the v2 error object, and the last. A decoupled model's closing flag (a final response without
-    outputs, after others) is no event: it carries nothing."""
-    sent = False
+    outputs) is no event, as in Triton: it carries nothing, and a model that answers nothing sends no event at all."""
     try:
-        if first is not None:
+        if first is not None and not _closing_flag(first):
             yield _event(encode_generate(first))
-            sent = True
         async for response in rest:
-            if sent and response.final and not response.outputs:
-                continue
-            yield _event(encode_generate(response))
-            sent = True
+            if not _closing_flag(response):
+                yield _event(encode_generate(response))
     except GatewayError as exc:  # counted by the data plane, or an output JSON cannot carry
         yield _event(error_json(str(exc)))
     except Exception as exc:  # a bug: the error names the request id its traceback is logged under
@@ -262,6 +258,11 @@ async def _close(stream: AsyncIterator[object]) -> None:
     close = getattr(stream, "aclose", None)
     if close is not None:
         await close()
+
+
+def _closing_flag(response: InferResponse) -> bool:
+    """A decoupled model's final flag sent on its own (Triton's empty final response): the end, not an answer."""
+    return response.final and not response.outputs
 
 
 def _event(data: bytes) -> bytes:

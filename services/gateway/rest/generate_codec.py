@@ -2,9 +2,10 @@
 
 A request is one JSON object: a key that names one of the model's inputs is that input's value (a scalar, or a list
 flat or nested), shaped to the dims the model declares; every other key, and every key of the ``parameters`` object,
-is a request parameter (``timeout`` and ``priority`` the gateway applies, as on ``/infer``). An answer is one JSON
-object too: ``model_name``, ``model_version`` and each output under its own name, a list of its values, or the value
-itself when the output holds one; BYTES as strings."""
+is a request parameter (``timeout`` and ``priority`` the gateway applies, as on ``/infer``), but ``id``, the request's
+id. An answer is one JSON object too: ``model_name``, ``model_version``, the request's ``id`` when it has one, and
+each output under its own name, a list of its values, or the value itself when the output holds one; BYTES as
+strings."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from services.gateway.tensors.parameters import scalar
 from services.gateway.tensors.types import InferInput, InferOutput, InferRequest, InferResponse, ModelMetadata
 
 PARAMETERS = "parameters"
-RESERVED = ("model_name", "model_version", "id")
+ID = "id"
+"""The request's id, as in Triton: a key of the body (not of ``parameters``), echoed in the answer and each event."""
+RESERVED = ("model_name", "model_version", ID)
 """The answer's own keys: an output of one of these names is left out of it, as Triton leaves it out."""
 _BODY = "the generate request body"
 
@@ -39,6 +42,7 @@ def decode_generate(body: bytes, model: str, version: int | None, metadata: Mode
     specs = metadata.input_specs
     inputs: list[InferInput] = []
     parameters: dict[str, Any] = {}
+    request_id = ""
     for key, value in fields.items():
         spec = specs.get(key)
         if spec is not None:
@@ -46,6 +50,8 @@ def decode_generate(body: bytes, model: str, version: int | None, metadata: Mode
             dtype = numpy_dtype(spec.datatype, key)
             data = from_json(value if isinstance(value, list) else [value], shape, dtype, spec.datatype, key)
             inputs.append(InferInput(key, spec.datatype, shape, data))
+        elif key == ID:
+            request_id = _request_id(value)
         elif key != PARAMETERS:
             parameters[key] = value
     named = fields.get(PARAMETERS, {})
@@ -60,6 +66,7 @@ def decode_generate(body: bytes, model: str, version: int | None, metadata: Mode
         model=model,
         version=version,
         inputs=inputs,
+        id=request_id,
         timeout_s=timeout / 1e6 if timeout else None,
         priority=priority or 0,
         parameters={key: scalar(key, value) for key, value in parameters.items()},
@@ -127,6 +134,12 @@ def _count(value: object) -> int:
             else:
                 count += 1
     return count
+
+
+def _request_id(value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidInput(f"'{ID}' must be a string (the request's id, echoed in the answer), got {described(value)}")
+    return value
 
 
 def _natural(value: object, key: str, unit: str) -> int | None:
