@@ -6,6 +6,7 @@ pinned images."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -143,6 +144,24 @@ def test_compose_one_shot_services_sit_in_their_profiles_when_parsed(services: d
     assert "--headless" in locust["command"]
     assert "--host=http://gateway:8000" in locust["command"]
     assert locust["depends_on"] == {"gateway": {"condition": "service_healthy"}}
+
+
+def test_compose_services_writing_into_the_checkout_run_as_the_callers_uid_when_configured(project: Path) -> None:
+    # A container writing into a bind-mounted folder of the checkout (the exporter's models, locust's reports) as its
+    # image's own uid cannot create files there when another uid owns the checkout: both take the caller's.
+    binary = require_tool("docker-compose", "docker-compose")
+    arguments = ["-f", "docker-compose.yml", "--profile", "export", "--profile", "loadtest", "config"]
+    env = {**os.environ, "SWITCHYARD_UID": "4321", "SWITCHYARD_GID": "4322"}
+    done = subprocess.run([binary, *arguments], cwd=project, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    writers = set()
+    for name, service in yaml.safe_load(done.stdout)["services"].items():
+        for volume in service.get("volumes", []):  # compose v1 resolves each to SOURCE:TARGET:MODE
+            source, mode = volume.split(":", 1)[0], volume.rsplit(":", 1)[-1]
+            if source.startswith("/") and mode == "rw":  # a host path, not a named volume
+                writers.add(name)
+                assert service.get("user") == "4321:4322", f"{name} writes into {source} as its image's uid"
+    assert writers == {"exporter", "locust"}
 
 
 def test_compose_env_files_are_ignored_by_git_when_created() -> None:

@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 from kubernetes_validate.utils import all_versions
 
+from services.gateway.workers.supervisor import STARTUP_TIMEOUT_S
 from tests.deploy.deploy_tools import K8S, load_documents, load_yaml
 
 KUSTOMIZATION = K8S / "kustomization.yaml"
@@ -86,6 +87,16 @@ def test_k8s_probes_use_the_v2_health_routes_when_parsed() -> None:
         assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live", workload
         # A liveness probe on readiness would restart a gateway whose Triton is down (README "Serving").
         assert container["startupProbe"]["httpGet"]["path"] == "/v2/health/live", workload
+
+
+def test_k8s_gateway_startup_probe_outlasts_the_gateways_own_startup_bound_when_parsed() -> None:
+    # The listeners open only after the models are loaded and warmed (until then the probe's connection is refused),
+    # and the gateway itself waits up to STARTUP_TIMEOUT_S for that: a shorter window restarts a pod that is loading.
+    (container,) = pod_spec(named("Deployment", "gateway"))["containers"]
+    probe = container["startupProbe"]
+    window_s = probe["periodSeconds"] * probe["failureThreshold"]
+    assert window_s >= STARTUP_TIMEOUT_S, (
+        f"the startup probe gives up after {window_s} s; the gateway may take {STARTUP_TIMEOUT_S:g} s to start")
 
 
 def test_k8s_gateway_is_configured_for_triton_and_redis_when_parsed() -> None:
