@@ -27,9 +27,19 @@ class ServedSeries:
     duration: Any
 
 
+SWITCH_RESULTS = ("ok", "failed", "unchanged")
+ROLLBACK_REASONS = ("error_rate", "p99_ratio")
+REJECT_REASONS = (
+    "too_large", "unauthorized", "forbidden", "rate_limit", "key_flood", "key_concurrency", "invalid", "not_found",
+    "deadline", "overload",
+)
+"""Every value the labels below take: a routed model's series exist at 0 from the start (``known_model``)."""
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._known: set[str] = set()
         self._served: dict[tuple[str, int, str], ServedSeries] = {}
         self._backend: dict[tuple[str, str], Any] = {}
         self._tenants: dict[tuple[str, str], Any] = {}
@@ -192,6 +202,20 @@ class GatewayMetrics:
             buckets=SWAP_BUCKETS,
             registry=registry,
         )
+
+    def known_model(self, model: str) -> None:
+        """Create the model's event counters at 0 (switches, canary rollbacks, rejections): a series born at its first
+        event reads as 1 in its first sample, and Prometheus's ``increase()`` sees no increase in it, so the first
+        switch, rollback or refusal of each kind after a start never showed on a dashboard or fired an alert."""
+        if model in self._known:
+            return
+        self._known.add(model)
+        for result in SWITCH_RESULTS:
+            self.version_switches.labels(model, result)
+        for reason in ROLLBACK_REASONS:
+            self.canary_rollbacks.labels(model, reason)
+        for reason in REJECT_REASONS:
+            self.rejected.labels(model, reason)
 
     def served(self, model: str, version: int, protocol: str) -> ServedSeries:
         """Looked up once per model version and protocol."""

@@ -422,6 +422,7 @@ class VersionManager:
         if behind is not None and record.generation >= behind[0]:
             del self.behind[model]
         self.windows.watch(model, record)  # every routing change starts the canary's windows afresh
+        self.metrics.known_model(model)
         self.metrics.active_version.labels(model).set(record.stable)
         self.metrics.canary_weight.labels(model).set(record.canary.weight if record.canary is not None else 0)
 
