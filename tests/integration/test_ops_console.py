@@ -270,6 +270,11 @@ def test_console_shows_the_api_error_verbatim_when_an_action_fails(
         state = console.model("mlp").locator('tr[data-version="1"] [data-field="state"]')
         # The failed load left nothing loaded; why it failed stays on the version's row (the backend's words)
         expect(state).to_contain_text("on disk, not loaded — loading failed: [ONNXRuntimeError]")
+        # A version that failed needs attention even though its load was undone: the model comes first, saying why.
+        failing = console.model("mlp").locator('[data-reason="failing"]')
+        expect(failing).to_have_text("failing: v1")
+        expect(failing).to_have_attribute("title", re.compile(r"^v1 loading failed: \[ONNXRuntimeError\]"))
+        expect(console.page.locator("article.model").first).to_have_attribute("data-model", "mlp")
     finally:
         model_file.write_bytes(original)
 

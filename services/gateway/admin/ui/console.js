@@ -8,6 +8,7 @@ const TOKEN_KEY = "switchyard.admin-token";
 const POLL_MS = 2000;
 const PROGRESS_MS = 250;
 const LIVE = { minutes: 5, step: 2 };
+const FRESH_S = 10; // how far back (gateway seconds) the 5xx rate and latencies shown as "now" may come from
 const SWAP_STEPS = ["load", "warmup", "compare", "flip", "drain", "unload"];
 const SWAPS = new Set(["activate", "rollback"]);
 const RECENT_MS = 15 * 60 * 1000;
@@ -278,20 +279,35 @@ function restart() {
   tick(state.generation);
 }
 
+// A read that a newer one replaced (an action's end, another view, a sign-out) was started on what is now old: it
+// answers nothing, neither cards nor errors, or it would draw the state before the action over the one after it.
+const current = (generation) => {
+  if (generation !== state.generation) throw new Superseded();
+};
+
+class Superseded extends Error {}
+
 async function tick(generation) {
   try {
-    if (state.caller === null) showCaller(await api("GET", "/admin/whoami"));
-    if (state.view === "models") await refreshModels();
-    else if (state.view === "events") await refreshEvents();
+    if (state.caller === null) {
+      const caller = await api("GET", "/admin/whoami");
+      current(generation);
+      showCaller(caller);
+    }
+    if (state.view === "models") await refreshModels(generation);
+    else if (state.view === "events") await refreshEvents(generation);
     // Not a live region: a screen reader hears the failures (#trouble), not a tick every two seconds.
     $("updated").replaceChildren("Updated ", when(new Date().toISOString()));
     $("trouble").textContent = "";
   } catch (err) {
+    if (generation !== state.generation) return;
     if (err instanceof ApiError && (err.status === 401 || err.status === 403)) {
       signedOut(`Signed out — ${err.describe()}`);
       return;
     }
-    $("trouble").textContent = `Update failed — ${err instanceof ApiError ? err.describe() : err.message}`;
+    $("trouble").textContent = `Update failed — ${err instanceof ApiError ? err.describe() : err.message}. ` +
+      "The models shown are as of the last update; their actions come back with the next one.";
+    stale(true);
   }
   if (generation === state.generation) state.timer = setTimeout(() => tick(generation), POLL_MS);
 }
@@ -304,6 +320,15 @@ function showCaller(caller) {
   $("caller").textContent = `${caller.actor} (${caller.role})`;
 }
 
+/** While the page cannot read the gateway (it restarts, the network is down), what it shows may no longer be true:
+ * no button or form acts on it (an Activate or Roll back that the routing no longer warrants) until a read succeeds. */
+function stale(on) {
+  document.body.classList.toggle("stale", on);
+  for (const card of state.cards.values()) {
+    for (const control of card.root.querySelectorAll("button, input, select")) control.disabled = on;
+  }
+}
+
 function dropCards() {
   for (const card of state.cards.values()) card.root.remove();
   state.cards.clear();
@@ -311,7 +336,7 @@ function dropCards() {
 
 // -- models -----------------------------------------------------------------------------------------------------
 
-async function refreshModels() {
+async function refreshModels(generation) {
   const overview = await api("GET", "/admin/models");
   const names = overview.models.map((model) => model.name);
   state.names = names;
@@ -321,12 +346,14 @@ async function refreshModels() {
     Promise.all(names.map((name) => api("GET", `/admin/models/${enc(name)}/live?${query}`))),
   ]);
   await Promise.all(statuses.map((status) => lastSwap(status)));
+  current(generation);
   for (const [name, card] of state.cards) {
     if (!names.includes(name)) {
       card.root.remove();
       state.cards.delete(name);
     }
   }
+  stale(false); // read: the render below sets what is disabled by the state itself
   const now = Date.now();
   const rows = names.map((name, i) => ({ name, status: statuses[i], live: lives[i], reasons: attention(statuses[i], now) }));
   rows.sort((a, b) => rank(a) - rank(b) || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
@@ -351,10 +378,19 @@ async function refreshModels() {
 function attention(status, now) {
   const routing = status.routing || {};
   const reasons = [];
-  const failing = status.loaded.filter((row) => row.state === "UNAVAILABLE" || row.problem);
+  const failing = status.loaded
+    .filter((row) => row.state === "UNAVAILABLE" || row.problem)
+    .map((row) => ({ version: row.version, why: `${row.state}${row.problem ? `: ${row.problem}` : ""}` }));
+  // A version whose load or warm-up failed was undone: it is not among the loaded ones, yet it fails all the same.
+  for (const [version, why] of Object.entries(status.failed || {})) {
+    if (!failing.some((row) => String(row.version) === version)) failing.push({ version: Number(version), why });
+  }
   if (failing.length) {
-    const detail = failing.map((row) => `${v(row.version)} ${row.state}${row.problem ? `: ${row.problem}` : ""}`).join("; ");
+    const detail = failing.map((row) => `${v(row.version)} ${row.why}`).join("; ");
     reasons.push({ key: "failing", rank: 0, text: `failing: ${failing.map((row) => v(row.version)).join(", ")}`, title: detail });
+  } else if (status.ready && status.problem) {
+    // A model that serves with a problem no version explains: this gateway is behind the routing another one set.
+    reasons.push({ key: "behind", rank: 0, text: "replica behind", title: status.problem });
   }
   if (routing.canary) reasons.push({ key: "canary", rank: 1, text: `canary ${split(routing.canary)}` });
   const shadow = (status.traffic && status.traffic.shadow) || routing.shadow;
@@ -535,18 +571,26 @@ function replace(body, ...children) {
   body.replaceChildren(...children.flat().filter((child) => child !== null && child !== undefined && child !== false));
   if (focused) {
     const again = document.getElementById(focused);
-    if (again) again.focus();
+    if (again && !again.disabled) again.focus();
+    else focusCard(body.closest("article"));
   }
+}
+
+/** The keyboard focus on a model's card, when the control it was on is gone: the next Tab goes on from there. */
+function focusCard(root) {
+  if (!root || !root.isConnected) return;
+  root.tabIndex = -1;
+  root.focus();
 }
 
 function options(select, versions) {
   const wanted = versions.map(String);
   const have = [...select.options].map((option) => option.value);
+  select.disabled = wanted.length === 0;
   if (wanted.join() === have.join()) return;
   const chosen = select.value;
   select.replaceChildren(...wanted.map((value) => h("option", { value }, `version ${value}`)));
   if (wanted.includes(chosen)) select.value = chosen;
-  select.disabled = wanted.length === 0;
 }
 
 /** The forms show the live canary and shadow (or an empty share when there is none), unless being edited; a live
@@ -710,10 +754,19 @@ function liveTable(card, live, traffic) {
     const series = live.versions.find((item) => item.version === version);
     return series ? series.points : [];
   };
-  const latest = (values) => {
-    for (let i = values.length - 1; i >= 0; i -= 1) if (values[i] !== null && values[i] !== undefined) return values[i];
+  // A rate or latency is the newest one of the last FRESH_S of the series (a step with no request has none): an older
+  // one shown beside "0.0 requests/s" would pass a figure from minutes ago for the model's state now.
+  const latest = (series, key) => {
+    const newest = series.length ? series[series.length - 1].t : 0;
+    for (let i = series.length - 1; i >= 0 && series[i].t >= newest - FRESH_S; i -= 1) {
+      const value = series[i][key];
+      if (value !== null && value !== undefined) return value;
+    }
     return null;
   };
+  // A version with no series has not been asked anything since the gateway started: once the gateway has read its
+  // counters twice (the shadow's list has a point per step, whatever was served), its rate is a known 0, not "–".
+  const idle = live.shadow.length ? 0 : null;
   const rows = FIGURES.map((figure) =>
     h(
       "tr",
@@ -722,7 +775,7 @@ function liveTable(card, live, traffic) {
       sides.map(({ side, version }) => {
         const series = points(version);
         const values = series.map((point) => point[figure.key]);
-        const value = figure.key === "rps" ? (values.length ? values[values.length - 1] : null) : latest(values);
+        const value = figure.key === "rps" ? (values.length ? values[values.length - 1] : idle) : latest(series, figure.key);
         return h(
           "td",
           { dataset: { figure: `${side}-${figure.key}` } },
@@ -980,7 +1033,14 @@ function confirmAction({ model, title, body, options = [], steps: names, call, p
   dialog.onclose = () => {
     // The opener may have been re-rendered by a refresh since: the same id finds its successor.
     const again = (openerId && document.getElementById(openerId)) || opener;
-    if (again && again.isConnected) again.focus();
+    if (again && again.isConnected && !again.disabled) {
+      again.focus();
+      return;
+    }
+    // The action took its button away (an activated version has none; a rollback leaves none to roll back to): the
+    // keyboard goes on from the model's card, not from the top of the page.
+    const card = state.cards.get(model);
+    if (card) focusCard(card.root);
   };
   dialog.showModal();
   cancel.focus();
@@ -1024,7 +1084,7 @@ function eventDetail(event) {
   return "";
 }
 
-async function refreshEvents() {
+async function refreshEvents(generation) {
   if (!state.names.length) state.names = (await api("GET", "/admin/models")).models.map((model) => model.name);
   const select = $("events-model");
   const wanted = ["", ...state.names];
@@ -1050,6 +1110,7 @@ async function refreshEvents() {
       h("td", {}, eventDetail(event)),
     ),
   );
+  current(generation);
   const body = $("events-table").tBodies[0];
   body.replaceChildren(...(rows.length ? rows : [h("tr", {}, h("td", { colspan: "8", text: "No events." }))]));
 }
