@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import onnx
+from onnx import TensorProto, helper
 from typer.testing import CliRunner, Result
 
 from services.cli import app
@@ -122,3 +124,30 @@ class LeakWatch:
                     self.failed_requests.append(f"{answer.status_code} {answer.text[:200]}")
                 self.polls += 1
                 self._stop.wait(0.1)
+
+
+FIXED_BATCH = "fixed_batch"
+FIXED_BATCH_CONFIG = f"""
+name: "{FIXED_BATCH}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input {{ name: "x" data_type: TYPE_FP32 dims: [ 4 ] }}
+output {{ name: "y" data_type: TYPE_FP32 dims: [ 4 ] }}
+dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
+"""
+"""Declares batches of up to 8 rows, but its graph takes exactly 1 (an export with a fixed batch dimension): a
+request alone answers, a batch of several fails. Eight clients and a 20 ms queue delay batch every request."""
+
+
+def fixed_batch_model(repository: Path) -> Path:
+    """``FIXED_BATCH`` version 1 (a ReLU on a [1, 4] tensor) in ``repository``."""
+    folder = repository / FIXED_BATCH
+    (folder / "1").mkdir(parents=True)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], FIXED_BATCH, [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(folder / "1" / "model.onnx"))
+    (folder / "config.pbtxt").write_text(FIXED_BATCH_CONFIG)
+    return repository

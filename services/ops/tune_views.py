@@ -27,7 +27,8 @@ def trials_table(run: JSONObject) -> Table:
             table.add_row(str(trial["number"]), str(trial["round"]), trial["label"], "", "", "", "", "", trial["error"])
             continue
         for index, m in enumerate(trial["measurements"]):
-            p99 = Text(f"{m['p99_ms']:.2f}", style="green" if m["p99_ms"] <= slo and not m["errors"] else "red")
+            met = m["p99_ms"] is not None and m["p99_ms"] <= slo and not m["errors"]
+            p99 = Text(_ms(m["p99_ms"]), style="green" if met else "red")
             note = (", ".join(notes) if index == 0 else "") + (f" {m['errors']} errors" if m["errors"] else "")
             table.add_row(
                 str(trial["number"]) if index == 0 else "",
@@ -35,7 +36,7 @@ def trials_table(run: JSONObject) -> Table:
                 trial["label"] if index == 0 else "",
                 str(m["concurrency"]),
                 f"{m['throughput']:.0f}",
-                f"{m['p50_ms']:.2f}",
+                _ms(m["p50_ms"]),
                 p99,
                 f"{m['cpu_ms_per_request']:.3f}",
                 note.strip(),
@@ -78,8 +79,15 @@ def _trial_line(title: str, trial: dict[str, Any], throughput: float, worst_p99_
     """Both figures over every run of the trial's settings (a gateway older than the worst-p99 field: the trial's own
     run)."""
     measurements = trial["measurements"]
-    worst = worst_p99_ms if worst_p99_ms is not None else max(m["p99_ms"] for m in measurements)
+    p99s = [m["p99_ms"] for m in measurements]
+    worst = worst_p99_ms if worst_p99_ms is not None or None in p99s else max(p99s, default=None)
     return (
         f"{title}: trial {trial['number']} {trial['label']}: {throughput:.0f} req/s at "
-        f"{measurements[-1]['concurrency']} clients (mean of its runs), worst p99 {worst:.2f} ms (of its runs)"
+        f"{measurements[-1]['concurrency']} clients (mean of its runs), "
+        + (f"worst p99 {worst:.2f} ms (of its runs)" if worst is not None else "no p99: a level answered no request")
     )
+
+
+def _ms(value: float | None) -> str:
+    """A latency the API sent; null where no request of the measurement was answered (its errors column says why)."""
+    return "-" if value is None else f"{value:.2f}"

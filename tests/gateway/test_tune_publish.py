@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from services.gateway.tuning.candidates import Candidate, applied
+from services.gateway.tuning.candidates import Candidate, applied, current
 from services.gateway.tuning.publish import PublishError, publish
 from services.modelrepo.config import read_config, to_text
 from services.modelrepo.layout import CONFIG_FILE
@@ -30,9 +30,9 @@ def model_folder(root: Path) -> tuple[Path, mc.ModelConfig]:
 def test_publish_replaces_config_and_keeps_backup_when_winner_is_written(tmp_path: Path) -> None:
     folder, config = model_folder(tmp_path)
     before = (folder / CONFIG_FILE).read_text()
-    tuned = applied(config, Candidate(1, 300, (8,), 16))
-    done = publish(tmp_path, folder, tuned, {"winner": {"number": 4}})
-    assert read_config(folder) == tuned
+    winner = Candidate(1, 300, (8,), 16)
+    done = publish(tmp_path, folder, winner, {"winner": {"number": 4}})
+    assert read_config(folder) == applied(config, winner)
     assert done.backup.read_text() == before
     assert done.backup.name.startswith(f"{CONFIG_FILE}.bak-")
     assert json.loads(done.table.read_text()) == {"winner": {"number": 4}}
@@ -41,8 +41,8 @@ def test_publish_replaces_config_and_keeps_backup_when_winner_is_written(tmp_pat
 
 def test_publish_never_shows_partial_config_when_read_while_writing(tmp_path: Path) -> None:
     folder, config = model_folder(tmp_path)
-    versions = [applied(config, Candidate(n % 3 + 1, n * 10, (), 32)) for n in range(30)]
-    expected = {to_text(config), *(to_text(v) for v in versions)}
+    winners = [Candidate(n % 3 + 1, n * 10, (), 32) for n in range(30)]
+    expected = {to_text(config), *(to_text(applied(config, w)) for w in winners)}
     seen: list[str] = []
     stop = threading.Event()
 
@@ -53,8 +53,8 @@ def test_publish_never_shows_partial_config_when_read_while_writing(tmp_path: Pa
     reader = threading.Thread(target=read)
     reader.start()
     try:
-        for tuned in versions:
-            publish(tmp_path, folder, tuned, {})
+        for winner in winners:
+            publish(tmp_path, folder, winner, {})
     finally:
         stop.set()
         reader.join()
@@ -67,5 +67,27 @@ def test_publish_writes_nothing_when_config_is_gone(tmp_path: Path) -> None:
     folder, config = model_folder(tmp_path)
     (folder / CONFIG_FILE).unlink()
     with pytest.raises(PublishError, match="is gone"):
-        publish(tmp_path, folder, config, {})
+        publish(tmp_path, folder, current(config), {})
     assert [p.name for p in folder.iterdir()] == ["1"]
+
+
+def test_publish_applies_winner_to_config_on_disk_when_it_changed_during_the_run(tmp_path: Path) -> None:
+    folder, config = model_folder(tmp_path)
+    edited = mc.ModelConfig()
+    edited.CopyFrom(config)
+    edited.parameters["tokenizer"].string_value = "v2"  # an edit made while the trials ran
+    (folder / CONFIG_FILE).write_text(to_text(edited))
+    winner = Candidate(1, 300, (8,), 16)
+    done = publish(tmp_path, folder, winner, {})
+    assert read_config(folder) == applied(edited, winner)  # the file it replaced, with the winner's four settings
+    assert done.backup.read_text() == to_text(edited)
+
+
+def test_publish_writes_nothing_when_config_on_disk_cannot_be_tuned(tmp_path: Path) -> None:
+    folder, config = model_folder(tmp_path)
+    config.sequence_batching.max_sequence_idle_microseconds = 5_000_000  # replaces dynamic_batching (a oneof)
+    (folder / CONFIG_FILE).write_text(to_text(config))
+    with pytest.raises(PublishError, match="uses sequence_batching"):
+        publish(tmp_path, folder, Candidate(1, 300, (8,), 16), {})
+    assert read_config(folder) == config
+    assert sorted(p.name for p in folder.iterdir()) == ["1", CONFIG_FILE]

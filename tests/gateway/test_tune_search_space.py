@@ -4,11 +4,13 @@ delay, which candidates are screened, which trial wins and which are on the Pare
 from __future__ import annotations
 
 import pytest
+from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from services.gateway.tuning.candidates import Candidate, applied, current, unbatched
+from services.gateway.tuning.candidates import Candidate, applied, current, unbatched, untunable
 from services.gateway.tuning.options import TuneOptions, TuneOptionsError
 from services.gateway.tuning.results import Measurement, Trial, best_p99_ms, contenders, pareto_front, winner
+from services.gateway.tuning.service import _no_winner
 from services.gateway.tuning.space import Curve, derive, screen
 
 # A model whose batches of 32 take 12 ms and of 1 take 1 ms: rows per second grow until 16.
@@ -146,3 +148,62 @@ def test_winner_breaks_a_throughput_tie_by_worst_p99_over_every_run_when_finalis
         Trial(4, 2, second.candidate, False, (Measurement(8, 1000, 0, 1.0, 4, 6, 0.1),)),
     ]
     assert winner(trials, 10.0, [1, 8]) == second  # 6 ms at worst beats 9, though first's first run was quicker
+
+
+def test_applied_keeps_instance_group_fields_when_candidate_sets_its_count() -> None:
+    config = mc.ModelConfig(name="m", max_batch_size=32)
+    group = config.instance_group.add(name="m_gpu", count=2, kind=mc.ModelInstanceGroup.KIND_GPU, gpus=[1])
+    group.rate_limiter.priority = 3
+    group.rate_limiter.resources.add(name="R1", count=4)
+    group.host_policy = "numa0"
+    tuned = applied(config, Candidate(3, 150, (), 16))
+    expected = mc.ModelInstanceGroup()
+    expected.CopyFrom(group)
+    expected.count = 3
+    assert list(tuned.instance_group) == [expected]  # published as is: what the old group said stays said
+    assert unbatched(config, name="probe").instance_group[0].gpus == [1]
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        ("sequence_batching { max_sequence_idle_microseconds: 5000000 }", "sequence_batching"),
+        ("ensemble_scheduling { step { model_name: 'a' model_version: -1 } }", "ensemble_scheduling"),
+        ("model_transaction_policy { decoupled: true } dynamic_batching {}", "decoupled"),
+        ("instance_group { count: 1 } instance_group { count: 2 }", "2 instance_group entries"),
+        ("", "does not batch"),
+    ],
+)
+def test_applied_refuses_naming_why_when_config_cannot_be_tuned(edit: str, named: str) -> None:
+    config = mc.ModelConfig(name="m", max_batch_size=0 if not edit else 8)
+    text_format.Parse(edit, config)
+    assert named in (untunable(config) or "")
+    with pytest.raises(ValueError, match=named):  # never a config that silently dropped the model's scheduler
+        applied(config, Candidate(1, 0, (), 8))
+
+
+@pytest.mark.parametrize(
+    ("label", "needs"),
+    [
+        ("i0 d0us p[-] b8", "at least 1 instance (i1)"),
+        ("i1 d0us p[0] b8", "preferred batch sizes from 1 to the max batch size, 8"),
+        ("i1 d0us p[16] b8", "preferred batch sizes from 1 to the max batch size, 8"),
+        ("i1 d0us p[-] b0", "a max batch size of at least 1 (b1)"),
+    ],
+)
+def test_options_refuse_naming_label_and_what_it_needs_when_candidate_is_out_of_range(label: str, needs: str) -> None:
+    with pytest.raises(TuneOptionsError) as refused:
+        TuneOptions.from_json({"p99_ms": 10, "candidates": [label]})
+    assert str(refused.value) == f"not a valid candidate: '{label}' needs {needs}"
+
+
+def test_no_winner_error_says_nothing_was_answered_when_a_level_measured_no_request() -> None:
+    answered = Measurement(1, 300, 0, 0.3, 1.0, 2.0, 0.1)
+    silent = Measurement(4, 0, 0, 0.35, float("inf"), float("inf"), 0.0)  # first answers after the measured time
+    trials = [Trial(1, 1, Candidate(1, 500, (4,), 16), False, (answered, silent))]
+    options = TuneOptions(p99_ms=100, concurrency=(1, 4), candidates=(Candidate(1, 500, (4,), 16),))
+    assert winner(trials, 100, [1, 4]) is None
+    assert _no_winner(trials, options) == (
+        "no setting met p99 <= 100 ms at every concurrency (1, 4); the closest setting (i1 d500us p[4] b16, "
+        "trial 1) answered no request within the measured time at 4 clients: give it a longer --duration"
+    )

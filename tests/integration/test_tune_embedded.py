@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from services.modelrepo.config import read_config
 from services.modelrepo.layout import CONFIG_FILE
 from services.ops.tune_views import summary_lines
 from tests.tuning_support import (
+    FIXED_BATCH,
     QUICK,
     LeakWatch,
     copy_models,
     embedded_gateway,
+    fixed_batch_model,
     run_status,
     start_run,
     trial_threads,
@@ -129,3 +134,128 @@ def test_tune_unloads_trial_when_gateway_stops_mid_run(repository: Path, tmp_pat
         assert start_run(gateway, "mlp", p99_ms=100, budget_s=60, duration_s=5).status_code == 202
         assert wait_until(lambda: bool(trial_threads()), 10)  # a trial is loaded and driven
     assert wait_until(lambda: not trial_threads(), 5), trial_threads()
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "named"),
+    [
+        ("sequence_batching {\n  max_sequence_idle_microseconds: 5000000\n}\n", "its config uses sequence_batching"),
+        ("model_transaction_policy {\n  decoupled: true\n}\n", "it is decoupled"),
+    ],
+)
+def test_tune_api_refuses_naming_why_when_model_is_not_dynamically_batched(
+    repository: Path, tmp_path: Path, scheduler: str, named: str
+) -> None:
+    models = copy_models(repository, tmp_path / "repository", "mlp")
+    config = models / "mlp" / CONFIG_FILE
+    # The exported mlp with its dynamic batcher swapped for another scheduling (or a decoupled policy).
+    text = config.read_text()
+    start = text.index("dynamic_batching {")
+    end = text.index("\n}\n", start) + 3
+    config.write_text(text[:start] + scheduler + text[end:])
+    before = config.read_text()
+    with embedded_gateway(models) as gateway:
+        refused = start_run(gateway, "mlp", p99_ms=100, budget_s=5, duration_s=0.2, concurrency=[2], write=True)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"].startswith(f"model 'mlp' cannot be tuned: {named}")
+        assert run_status(gateway, "mlp").status_code == 404  # no run started
+    assert config.read_text() == before
+    assert not list((models / "mlp").glob(f"{CONFIG_FILE}.bak-*"))
+
+
+def test_tune_names_failed_requests_when_no_request_of_a_level_is_answered(tmp_path: Path) -> None:
+    models = fixed_batch_model(tmp_path / "repository")
+    with embedded_gateway(models) as gateway:
+        result = tune(gateway, FIXED_BATCH, "--p99-ms", "100", "--candidate", "i1 d20000us p[-] b8", "--budget-s", "5",
+                      "--duration", "0.3", "--concurrency", "1,8", folder=tmp_path)
+        run = run_status(gateway, FIXED_BATCH).json()
+    assert result.exit_code == 1, result.output
+    # One row answers at 1 client; at 8 every request rides in a batch the graph refuses: no answer, so no p99.
+    alone, batched = run["trials"][0]["measurements"]
+    assert alone["errors"] == 0
+    assert alone["p99_ms"] is not None
+    assert batched["requests"] == 0
+    assert batched["errors"] > 0
+    assert batched["p99_ms"] is None
+    assert "invalid dimensions" in batched["error"]
+    # The table shows the level without a p99, and the error says what failed and why instead of "inf ms".
+    assert "i1 d20000us p[-] b8" in result.stdout
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith(
+        "error: no setting met p99 <= 100 ms at every concurrency (1, 8); the closest setting (i1 d20000us p[-] b8, "
+        f"trial 1) had {batched['errors']} of {batched['errors']} requests failed at 8 clients: "
+    ), error
+    assert "invalid dimensions" in error
+    assert "inf ms" not in error
+
+
+def test_tune_records_strict_json_table_when_a_trial_answered_no_request(tmp_path: Path) -> None:
+    models = fixed_batch_model(tmp_path / "repository")
+    with embedded_gateway(models) as gateway:
+        result = tune(gateway, FIXED_BATCH, "--p99-ms", "100", "--write", "--json",
+                      "--candidate", "i1 d20000us p[-] b8", "--candidate", "i1 d0us p[-] b1",
+                      "--budget-s", "6", "--duration", "0.3", "--concurrency", "1,8", folder=tmp_path)
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.stdout)
+    assert run["winner"]["label"] == "i1 d0us p[-] b1"  # batches of one row: what this graph takes
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")  # what jq and every strict parser say
+
+    table = json.loads(Path(run["published"]["table"]).read_text(), parse_constant=refuse)
+    assert table["trials"][0]["measurements"][1]["p99_ms"] is None  # 8 clients: no request answered
+    assert read_config(models / FIXED_BATCH).max_batch_size == 1
+
+
+def test_tune_write_keeps_edit_made_to_config_during_run(repository: Path, tmp_path: Path) -> None:
+    models = copy_models(repository, tmp_path / "repository", "mlp")
+    config = models / "mlp" / CONFIG_FILE
+    with embedded_gateway(models) as gateway:  # repository poll off: the catalog keeps the config it read at start
+        started = start_run(gateway, "mlp", p99_ms=200, budget_s=6, duration_s=0.2, concurrency=[2], write=True)
+        assert started.status_code == 202, started.text
+        assert wait_until(lambda: run_status(gateway, "mlp").json()["phase"] != "starting", 10)  # config read
+        edited = config.read_text() + 'parameters {\n  key: "tokenizer"\n  value {\n    string_value: "v2"\n  }\n}\n'
+        config.write_text(edited)  # an ML engineer's edit while the trials run
+        finished = wait_finished(gateway, "mlp", 20)
+    assert finished["status"] == "succeeded", finished["error"]
+    written = read_config(models / "mlp")
+    assert written.parameters["tokenizer"].string_value == "v2"  # the replaced file's content, plus the winner's
+    assert written.instance_group[0].count == finished["winner"]["candidate"]["instances"]
+    assert Path(finished["published"]["backup"]).read_text() == edited
+
+
+def test_tune_keeps_gateway_answering_when_trial_requests_are_refused_at_once(
+    repository: Path, tmp_path: Path
+) -> None:
+    models = copy_models(repository, tmp_path / "repository", "mlp")
+    config = models / "mlp" / CONFIG_FILE
+    # A queue of one (an operator's load shedding): the batcher refuses the other clients' requests before they wait.
+    shed = config.read_text().replace("  default_queue_policy {", "  default_queue_policy {\n    max_queue_size: 1")
+    config.write_text(shed)
+    assert read_config(models / "mlp").dynamic_batching.default_queue_policy.max_queue_size == 1
+    stalls: list[float] = []
+    with embedded_gateway(models) as gateway:
+        done = threading.Event()
+
+        def probe() -> None:  # what a load balancer's health check sees while the trial runs
+            with httpx.Client(base_url=f"http://{gateway.http_url}", timeout=30) as client:
+                while not done.is_set():
+                    began = time.monotonic()
+                    client.get("/v2/health/ready")
+                    stalls.append(time.monotonic() - began)
+                    done.wait(0.05)
+
+        prober = threading.Thread(target=probe)
+        prober.start()
+        try:
+            result = tune(gateway, "mlp", "--p99-ms", "1000", "--json", "--candidate", "i1 d20000us p[-] b32",
+                          "--budget-s", "8", "--duration", "1.5", "--concurrency", "8", folder=tmp_path)
+        finally:
+            done.set()
+            prober.join()
+    run = json.loads(result.stdout)
+    (measured,) = run["trials"][0]["measurements"]
+    assert measured["errors"] > 0
+    assert "the batch queue is full" in measured["error"]
+    assert len(stalls) >= 10
+    assert max(stalls) < 0.5, sorted(stalls)[-3:]  # a refused trial request never holds the gateway's event loop

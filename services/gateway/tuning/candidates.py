@@ -19,10 +19,21 @@ class Candidate:
     max_batch_size: int
 
     def __post_init__(self) -> None:
-        if self.instances < 1 or self.max_queue_delay_us < 0 or self.max_batch_size < 1:
-            raise ValueError(f"not a valid candidate: {self}")
-        if any(not 1 <= size <= self.max_batch_size for size in self.preferred_batch_sizes):
-            raise ValueError(f"preferred batch sizes {self.preferred_batch_sizes} exceed {self.max_batch_size}")
+        wanted = [
+            what
+            for what, wrong in (
+                ("at least 1 instance (i1)", self.instances < 1),
+                ("a queue delay of 0 us or more", self.max_queue_delay_us < 0),
+                ("a max batch size of at least 1 (b1)", self.max_batch_size < 1),
+                (
+                    f"preferred batch sizes from 1 to the max batch size, {self.max_batch_size}",
+                    any(not 1 <= size <= self.max_batch_size for size in self.preferred_batch_sizes),
+                ),
+            )
+            if wrong
+        ]
+        if wanted:
+            raise ValueError(f"not a valid candidate: '{self.label}' needs {' and '.join(wanted)}")
 
     @property
     def label(self) -> str:
@@ -69,19 +80,45 @@ def current(config: mc.ModelConfig) -> Candidate:
     )
 
 
+def untunable(config: mc.ModelConfig) -> str | None:
+    """Why the tuner cannot tune ``config`` without changing what the model does (``None`` when it can): its four
+    settings live in the dynamic batcher and one instance group, and it drives one-answer requests."""
+    if config.max_batch_size <= 0:
+        return "it does not batch (max_batch_size 0): there is nothing to tune"
+    scheduling = config.WhichOneof("scheduling_choice")
+    if scheduling not in (None, "dynamic_batching"):
+        # scheduling_choice is a oneof: setting dynamic_batching would silently drop the model's own scheduler.
+        return (
+            f"its config uses {scheduling}, and the tuner tunes dynamic_batching, which would replace it; tune "
+            f"a model with dynamic_batching (or no scheduler)"
+        )
+    if config.model_transaction_policy.decoupled:
+        return (
+            "it is decoupled (model_transaction_policy { decoupled: true }): the tuner measures requests answered "
+            "once"
+        )
+    if len(config.instance_group) > 1:
+        return (
+            f"its config has {len(config.instance_group)} instance_group entries and the tuner sets one instance "
+            f"count; give it one instance_group to tune"
+        )
+    return None
+
+
 def applied(config: mc.ModelConfig, candidate: Candidate, *, name: str | None = None) -> mc.ModelConfig:
-    """A copy of ``config`` with the candidate's settings (and another model name when given); the instance
-    kind (CPU/GPU) and everything else stay as they were."""
+    """A copy of ``config`` with the candidate's settings (and another model name when given); the instance group's
+    other fields (kind, GPUs, name, rate limiter...) and everything else stay as they were. ``config`` must be
+    tunable (``untunable`` is ``None``)."""
+    problem = untunable(config)
+    if problem is not None:
+        raise ValueError(f"model '{config.name}' cannot be tuned: {problem}")
     tuned = mc.ModelConfig()
     tuned.CopyFrom(config)
     if name is not None:
         tuned.name = name
     tuned.max_batch_size = candidate.max_batch_size
-    kind = config.instance_group[0].kind if config.instance_group else mc.ModelInstanceGroup.KIND_AUTO
-    gpus = list(config.instance_group[0].gpus) if config.instance_group else []
-    del tuned.instance_group[:]
-    group = tuned.instance_group.add(count=candidate.instances, kind=kind)
-    group.gpus.extend(gpus)
+    group = tuned.instance_group[0] if tuned.instance_group else tuned.instance_group.add()
+    group.count = candidate.instances
     batching = tuned.dynamic_batching  # touching it sets the field: dynamic batching on
     batching.max_queue_delay_microseconds = candidate.max_queue_delay_us
     del batching.preferred_batch_size[:]
@@ -94,8 +131,8 @@ def unbatched(config: mc.ModelConfig, *, name: str) -> mc.ModelConfig:
     probe = mc.ModelConfig()
     probe.CopyFrom(config)
     probe.name = name
-    kind = config.instance_group[0].kind if config.instance_group else mc.ModelInstanceGroup.KIND_AUTO
-    del probe.instance_group[:]
-    probe.instance_group.add(count=1, kind=kind)
+    del probe.instance_group[1:]
+    group = probe.instance_group[0] if probe.instance_group else probe.instance_group.add()
+    group.count = 1
     probe.ClearField("dynamic_batching")
     return probe

@@ -27,13 +27,14 @@ async def closed_loop(
 ) -> Measurement:
     latencies: list[float] = []
     errors = 0
+    first_error: str | None = None
     clock = time.perf_counter
     measure_from = clock() + warmup_s
     stop = measure_from + duration_s
     cpu_from: dict[int, float] | None = None
 
     async def client() -> None:
-        nonlocal errors, cpu_from
+        nonlocal errors, first_error, cpu_from
         while True:
             began = clock()
             if began >= stop:
@@ -42,9 +43,14 @@ async def closed_loop(
                 cpu_from = cpu_seconds(server_pids())
             try:
                 await send()
-            except GatewayError:
+            except GatewayError as exc:
                 if began >= measure_from:
                     errors += 1
+                    # What the run's error names: why requests failed, on one line (runtimes' errors span several).
+                    first_error = first_error or " ".join(str(exc).split())
+                # A request refused before it waited (a full batch queue) never gave the loop a turn: without one,
+                # this client would spin through its refusals until the measurement ends, holding the gateway.
+                await asyncio.sleep(0)
                 continue
             if began >= measure_from:
                 latencies.append((clock() - began) * 1e3)
@@ -65,6 +71,7 @@ async def closed_loop(
         p50_ms=p50,
         p99_ms=p99,
         cpu_ms_per_request=cpu * 1e3 / answered if answered else 0.0,
+        error=first_error,
     )
 
 

@@ -3,6 +3,7 @@ reading of them: which trials meet the SLO, the Pareto front (throughput vs p99)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,8 @@ class Measurement:
     cpu_ms_per_request: float
     """Server CPU per answered request: the gateway process (which also runs the tuner's clients) plus, for a
     Triton on this host, the Triton process group."""
+    error: str | None = None
+    """The first failed request's error, when any failed (``errors`` counts them)."""
 
     @property
     def throughput(self) -> float:
@@ -33,9 +36,10 @@ class Measurement:
             "errors": self.errors,
             "seconds": round(self.seconds, 4),
             "throughput": round(self.throughput, 1),
-            "p50_ms": round(self.p50_ms, 3),
-            "p99_ms": round(self.p99_ms, 3),
+            "p50_ms": finite_ms(self.p50_ms, 3),
+            "p99_ms": finite_ms(self.p99_ms, 3),
             "cpu_ms_per_request": round(self.cpu_ms_per_request, 4),
+            "error": self.error,
         }
 
     @classmethod
@@ -45,9 +49,10 @@ class Measurement:
             int(fields["requests"]),
             int(fields["errors"]),
             float(fields["seconds"]),
-            float(fields["p50_ms"]),
-            float(fields["p99_ms"]),
+            _unanswered(fields["p50_ms"]),
+            _unanswered(fields["p99_ms"]),
             float(fields["cpu_ms_per_request"]),
+            fields.get("error"),
         )
 
 
@@ -180,4 +185,14 @@ def closest(trials: Sequence[Trial]) -> Trial | None:
 
 def best_p99_ms(trials: Sequence[Trial]) -> float | None:
     found = closest(trials)
-    return found.worst_p99_ms if found is not None else None
+    return finite_ms(found.worst_p99_ms, 3) if found is not None else None
+
+
+def finite_ms(value: float, digits: int) -> float | None:
+    """A latency for JSON: ``None`` where no request was answered (JSON has no infinity: ``json.dumps`` would write
+    ``Infinity``, which strict parsers refuse, and the admin API's encoder writes null anyway)."""
+    return round(value, digits) if math.isfinite(value) else None
+
+
+def _unanswered(value: float | None) -> float:
+    return float("inf") if value is None else float(value)

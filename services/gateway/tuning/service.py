@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import glob
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from services.gateway.backends.triton import TritonBackend
 from services.gateway.errors import Conflict, GatewayError, InvalidInput, ModelNotFound
 from services.gateway.state import Event
-from services.gateway.tuning.candidates import applied
+from services.gateway.tuning.candidates import untunable
 from services.gateway.tuning.hosts import EmbeddedTrials, TrialHost
 from services.gateway.tuning.options import TuneOptions
 from services.gateway.tuning.publish import PublishError, publish
@@ -26,6 +27,7 @@ from services.gateway.tuning.results import (
     best_p99_ms,
     closest,
     contenders,
+    finite_ms,
     pareto_front,
     score,
     winner,
@@ -86,7 +88,7 @@ class TuneRun:
         trial itself is only their first run)."""
         if trial is None:
             return None
-        return round(worst_p99_ms(self.state.trials, trial.candidate), 3)
+        return finite_ms(worst_p99_ms(self.state.trials, trial.candidate), 3)
 
 
 class TuneService:
@@ -110,8 +112,9 @@ class TuneService:
             version = record.stable if record is not None else max(entry.available, default=None)
         if version is None or version not in entry.available:
             raise ModelNotFound(f"model '{model}' has no version {version} in the repository to tune")
-        if entry.config.max_batch_size <= 0:
-            raise InvalidInput(f"model '{model}' does not batch (max_batch_size 0): there is nothing to tune")
+        problem = untunable(entry.config)
+        if problem is not None:
+            raise InvalidInput(f"model '{model}' cannot be tuned: {problem}")
         run = TuneRun(model, version, options, actor)
         self._runs[model] = run
         self._task = asyncio.create_task(self._run(run), name=f"tune-{model}")
@@ -138,6 +141,9 @@ class TuneService:
         limit = max_instances(entry.config)
         search = Search(host, entry, run.version, run.options, max_instances=limit, state=run.state)
         try:
+            problem = untunable(entry.config)  # checked at start, but the file may have changed since
+            if problem is not None:
+                raise InvalidInput(f"model '{run.model}' cannot be tuned: {problem}")
             trials = await search.run()
             run.winner = winner(trials, run.options.p99_ms, run.options.concurrency)
             if run.winner is None:
@@ -162,9 +168,8 @@ class TuneService:
 
     async def _publish(self, run: TuneRun, best: Trial) -> dict[str, str]:
         entry = self._manager.catalog.entry(run.model)
-        config = applied(entry.config, best.candidate)
         table = {k: v for k, v in run.to_json().items() if k != "published"}
-        done = await asyncio.to_thread(publish, self._manager.catalog.root, entry.path, config, table)
+        done = await asyncio.to_thread(publish, self._manager.catalog.root, entry.path, best.candidate, table)
         await self._manager.record(
             Event("tune", run.model, "ok", {"version": run.version}, actor=run.actor, detail=done.to_json())
         )
@@ -192,7 +197,7 @@ def _no_winner(trials: list[Trial], options: TuneOptions) -> str:
     if not any(t.round == 1 and t.error is None for t in trials):
         return (
             f"the {options.budget_s:g} s budget measured no setting at every concurrency ({levels}); give it a larger "
-            f"--budget-s (the best p99 seen while screening was {seen.worst_p99_ms:.2f} ms, {seen.candidate.label})"
+            f"--budget-s (while screening, {_closest(seen)})"
         )
     confirmed = contenders(trials) if any(t.round == 2 for t in trials) else []
     if confirmed:  # every finalist broke the SLO when measured again: the others had one run only
@@ -203,7 +208,24 @@ def _no_winner(trials: list[Trial], options: TuneOptions) -> str:
             f"broke it (worst p99 {worst:.2f} ms at best); the figures vary more than the SLO allows: give it a "
             f"longer --duration or a quieter machine"
         )
+    return f"no setting met p99 <= {options.p99_ms:g} ms at every concurrency ({levels}); {_closest(seen)}"
+
+
+def _closest(trial: Trial) -> str:
+    """How the closest setting fared: its worst p99, and when requests failed (a failed request breaks the SLO too,
+    and one that answered none has no p99), how many failed and why."""
+    where = f"{trial.candidate.label}, trial {trial.number}"
+    failed = next((m for m in trial.measurements if m.errors), None)
+    silent = next((m for m in trial.measurements if not m.requests), None)
+    if failed is None and silent is not None:  # its first answers came after the measured time had ended
+        return (
+            f"the closest setting ({where}) answered no request within the measured time at {silent.concurrency} "
+            f"clients: give it a longer --duration"
+        )
+    if failed is None:
+        return f"the best p99 seen was {trial.worst_p99_ms:.2f} ms ({where})"
+    p99 = f"worst p99 {trial.worst_p99_ms:.2f} ms, " if math.isfinite(trial.worst_p99_ms) else ""
     return (
-        f"no setting met p99 <= {options.p99_ms:g} ms at every concurrency ({levels}); the best p99 seen was "
-        f"{seen.worst_p99_ms:.2f} ms ({seen.candidate.label}, trial {seen.number})"
+        f"the closest setting ({where}) had {p99}{failed.errors} of {failed.errors + failed.requests} requests "
+        f"failed at {failed.concurrency} clients: {failed.error}"
     )
