@@ -9,31 +9,26 @@ whose hashes are checked, so verifying stays O(1) in the number of keys.
 One ``[admins.<id>]`` table per admin-API token with ``secrets``, ``role`` (``read-only``: status, events,
 statistics; ``operator``: every action too) and ``expires``; an operator presents ``Bearer sya_<id>_<secret>``. Ids
 are unique across both kinds, so ``switchyard keys rotate ID`` needs no kind. The clear secret is never written
-anywhere."""
+anywhere. Writing the file is `writing.py`'s."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-import fcntl
 import hashlib
 import hmac
 import importlib
-import json
 import math
 import os
 import re
 import secrets
 import tomllib
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
-
-from services.durable import fsync_folder, replace_file
 
 PREFIX = "sy_"
 """A presented key is ``sy_<id>_<secret>``: the prefix tells it from a key of the line format."""
@@ -56,7 +51,6 @@ _SECRET_BYTES = 32
 _FIELDS = frozenset({"secrets", "models", "expires", "tenant", "rps", "burst", "concurrency"})
 _ADMIN_FIELDS = frozenset({"secrets", "role", "expires"})
 _TABLES = ("keys", "admins")
-_HEADER = "# Switchyard API keys, written by `switchyard keys`: salted hashes only, never a key itself.\n"
 
 
 class KeyFileError(ValueError):
@@ -186,64 +180,6 @@ def parse_document(document: Mapping[str, Any], where: str) -> KeyFile:
     return KeyFile(keys, admins)
 
 
-def render(entries: Mapping[str, KeyEntry], path: Path, admins: Mapping[str, AdminEntry] | None = None) -> str:
-    """The file's text for ``entries`` (and ``admins``), in the format ``path``'s suffix names."""
-    admins = admins or {}
-    if path.suffix.lower() == ".toml":
-        tables = [_toml_table("keys", entry.id, _plain(entry)) for entry in entries.values()]
-        tables += [_toml_table("admins", admin.id, _plain_admin(admin)) for admin in admins.values()]
-        return _HEADER + "".join(tables)
-    yaml = _yaml(path)
-    document: dict[str, Any] = {"keys": {entry.id: _plain(entry) for entry in entries.values()}}
-    if admins:
-        document["admins"] = {admin.id: _plain_admin(admin) for admin in admins.values()}
-    return _HEADER + str(yaml.safe_dump(document, sort_keys=False, default_flow_style=False))
-
-
-def write_entries(path: Path, entries: Mapping[str, KeyEntry], admins: Mapping[str, AdminEntry] | None = None) -> None:
-    """Replaces the file whole (a temporary file beside it, fsync, rename; a new file's mode is 0600, a replaced
-    one keeps its mode and group): the gateway reading it at any moment sees either the old file or the new one,
-    never a part. Raises ``KeyFileError`` and writes nothing when the text would not read back (an ``rps`` of inf, a
-    model name that is not text)."""
-    data = _checked_text(render(entries, path, admins), path)
-    replace_file(path, data)
-    fsync_folder(path.parent)  # the rename itself survives a crash
-
-
-def write_file(path: Path, file: KeyFile) -> None:
-    write_entries(path, file.keys, file.admins)
-
-
-def lock_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.lock")
-
-
-@contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Holds the keys file's lock (an ``flock`` on ``.<name>.lock`` beside it) for a read, change and write: two
-    `switchyard keys` commands at once otherwise each write what they read, and one's change is lost (a key said to
-    be revoked stays valid). The gateway reads without it: each write replaces the file whole. Raises ``OSError``."""
-    fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the descriptor closes, or the process dies
-        yield
-    finally:
-        os.close(fd)
-
-
-def _checked_text(text: str, path: Path) -> bytes:
-    """``text`` as the file's bytes once it reads back as a valid keys file, by the gateway's own rules: a file the
-    gateway would refuse keeps it on the previous keys (a revocation never takes effect) and leaves every later
-    `switchyard keys` command refusing to read it."""
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        bad = text[exc.start : exc.end]
-        raise KeyFileError(f"{path}: {bad!r} is not text (a model name or pattern with undecodable bytes?)") from None
-    parse_document(_parse_text(data, path), str(path))
-    return data
-
-
 def _tables(document: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any]:
     tables = document.get(name, {})
     if not isinstance(tables, Mapping):
@@ -368,16 +304,17 @@ def _b64(data: bytes) -> str:
 
 
 def _read_document(path: Path) -> Mapping[str, Any]:
-    return _parse_text(path.read_bytes(), path)
+    return parse_text(path.read_bytes(), path)
 
 
-def _parse_text(text: bytes, path: Path) -> Mapping[str, Any]:
+def parse_text(text: bytes, path: Path) -> Mapping[str, Any]:
+    """A keys file's document from its bytes, by the format its suffix names."""
     if path.suffix.lower() == ".toml":
         try:
             return tomllib.loads(text.decode("utf-8"))
         except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise KeyFileError(f"{path} is not valid UTF-8 TOML: {exc}") from None
-    yaml = _yaml(path)
+    yaml = yaml_module(path)
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -389,56 +326,9 @@ def _parse_text(text: bytes, path: Path) -> Mapping[str, Any]:
     return document
 
 
-def _yaml(path: Path) -> Any:
+def yaml_module(path: Path) -> Any:
     """PyYAML, which the base install does not bring: TOML needs nothing beyond Python."""
     try:
         return importlib.import_module("yaml")
     except ImportError:
         raise KeyFileError(f"{path}: a YAML keys file needs PyYAML (pip install pyyaml); or use a .toml file") from None
-
-
-def _plain(entry: KeyEntry) -> dict[str, Any]:
-    found: dict[str, Any] = {"secrets": list(entry.secrets), "models": list(entry.models)}
-    if entry.expires is not None:
-        found["expires"] = entry.expires.isoformat()
-    if entry.tenant != entry.id:
-        found["tenant"] = entry.tenant
-    if entry.rps is not None:
-        found["rps"] = entry.rps
-    for name in ("burst", "concurrency"):
-        if getattr(entry, name) is not None:
-            found[name] = int(getattr(entry, name))
-    return found
-
-
-def _plain_admin(admin: AdminEntry) -> dict[str, Any]:
-    found: dict[str, Any] = {"secrets": list(admin.secrets), "role": admin.role}
-    if admin.expires is not None:
-        found["expires"] = admin.expires.isoformat()
-    return found
-
-
-def _toml_table(kind: str, entry_id: str, fields: Mapping[str, Any]) -> str:
-    lines = [f"\n[{kind}.{entry_id}]"]
-    lines += [f"{name} = {_toml_value(value)}" for name, value in fields.items()]
-    return "\n".join(lines) + "\n"
-
-
-def _toml_value(value: Any) -> str:
-    """A string, a number or a list of strings as TOML. Not ``json.dumps``: JSON writes a character beyond the BMP as
-    two surrogate escapes (``\\ud83d\\ude00``) and infinity as ``Infinity``, neither of which TOML reads."""
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
-    if isinstance(value, str):
-        return '"' + "".join(_TOML_ESCAPES.get(char) or _toml_char(char) for char in value) + '"'
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")  # read back, then refused by name
-    return json.dumps(value)
-
-
-_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
-
-
-def _toml_char(char: str) -> str:
-    # TOML's basic strings take any character as itself except the control characters, which are escaped.
-    return f"\\u{ord(char):04x}" if ord(char) < 0x20 or ord(char) == 0x7F else char

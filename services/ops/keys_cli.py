@@ -28,13 +28,12 @@ from services.keyfile.format import (
     hash_secret,
     is_structured,
     load_file,
-    locked,
     new_secret,
     parse_expiry,
     presented_admin_token,
     presented_key,
-    write_file,
 )
+from services.keyfile.writing import locked, write_file
 
 __all__ = ["register"]
 

@@ -17,7 +17,8 @@ from scripted_backend import ScriptedBackend
 from tritonclient.grpc import service_pb2
 
 from services.gateway.settings import Settings
-from services.keyfile.format import AdminEntry, KeyEntry, hash_secret, presented_admin_token, write_entries
+from services.keyfile.format import AdminEntry, KeyEntry, hash_secret, presented_admin_token
+from services.keyfile.writing import write_entries
 
 VIEWER = presented_admin_token("viewer", "secret-of-viewer")
 OPERATOR = presented_admin_token("oncall", "secret-of-oncall")

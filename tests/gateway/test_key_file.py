@@ -21,15 +21,8 @@ from services.gateway.shaping.keys import (
     ModelForbidden,
     TooManyVerifications,
 )
-from services.keyfile.format import (
-    KeyEntry,
-    KeyFileError,
-    hash_secret,
-    load_entries,
-    load_file,
-    presented_key,
-    write_entries,
-)
+from services.keyfile.format import KeyEntry, KeyFileError, hash_secret, load_entries, load_file, presented_key
+from services.keyfile.writing import write_entries
 
 NO_ENVIRONMENT: dict[str, str | None] = {"SWITCHYARD_API_KEYS_FILE": None}
 EXPIRY = datetime(2030, 1, 1, tzinfo=UTC)

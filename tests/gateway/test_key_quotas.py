@@ -20,7 +20,8 @@ from tritonclient.grpc import service_pb2
 from services.gateway.settings import Settings
 from services.gateway.shaping import shaper as shaper_module
 from services.gateway.shaping.keys import VERIFICATIONS_PER_S, ApiKeys
-from services.keyfile.format import KeyEntry, hash_secret, presented_key, write_entries
+from services.keyfile.format import KeyEntry, hash_secret, presented_key
+from services.keyfile.writing import write_entries
 
 BODY = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
 CAPPED = presented_key("capped", "secret-of-capped")

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from services.cli import app
 from services.gateway.shaping.keys import ApiKeys
-from services.keyfile.format import KeyFile, load_file, lock_path, locked, write_file
+from services.keyfile.format import KeyFile, load_file
+from services.keyfile.writing import lock_path, locked, write_file
 
 NO_ENVIRONMENT: dict[str, str | None] = {"SWITCHYARD_API_KEYS_FILE": None}
 

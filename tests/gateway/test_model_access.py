@@ -15,7 +15,8 @@ from scripted_backend import ScriptedBackend
 from tritonclient.grpc import service_pb2
 
 from services.gateway.settings import Settings
-from services.keyfile.format import KeyEntry, hash_secret, presented_key, write_entries
+from services.keyfile.format import KeyEntry, hash_secret, presented_key
+from services.keyfile.writing import write_entries
 
 BODY = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
 ADMIN = {"authorization": "Bearer s3cret-admin-token"}

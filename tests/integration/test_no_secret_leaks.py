@@ -17,14 +17,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from examples import models
-from services.keyfile.format import (
-    AdminEntry,
-    KeyEntry,
-    hash_secret,
-    presented_admin_token,
-    presented_key,
-    write_entries,
-)
+from services.keyfile.format import AdminEntry, KeyEntry, hash_secret, presented_admin_token, presented_key
+from services.keyfile.writing import write_entries
 from tests.gateway_process import gateway_process
 from tests.otlp_receiver import otlp_receiver
 

@@ -18,7 +18,8 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from services.inferlog.format import FORMAT
-from services.keyfile.format import AdminEntry, hash_secret, presented_admin_token, write_entries
+from services.keyfile.format import AdminEntry, hash_secret, presented_admin_token
+from services.keyfile.writing import write_entries
 from tests.console_support import PHONE, TOKEN, BackgroundLoad, ConsolePage, admin, chromium, console_page, mlp_body
 from tests.gateway_process import GatewayProcess, gateway_on_copy, gateway_process
 from tests.system_tools import require_tool
