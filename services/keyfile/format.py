@@ -9,7 +9,7 @@ whose hashes are checked, so verifying stays O(1) in the number of keys.
 One ``[admins.<id>]`` table per admin-API token with ``secrets``, ``role`` (``read-only``: status, events,
 statistics; ``operator``: every action too) and ``expires``; an operator presents ``Bearer sya_<id>_<secret>``. Ids
 are unique across both kinds, so ``switchyard keys rotate ID`` needs no kind. The clear secret is never written
-anywhere. Writing the file is `writing.py`'s."""
+anywhere. Writing the file is ``writing.py``'s."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from services.gateway.backends.base import Backend
-from services.gateway.capacity.cache import Demand, ModelCache, load_demand
+from services.gateway.capacity.cache import ModelCache
+from services.gateway.capacity.demand import Demand, load_demand
 from services.gateway.capacity.memory import Cost, LocalServer, Measure, MemoryDeclarationError, this_process
 from services.gateway.capacity.metrics import CacheMetrics
 from services.gateway.errors import InvalidInput

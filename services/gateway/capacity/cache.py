@@ -20,10 +20,10 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from services.gateway.capacity.demand import Demand, load_demand
 from services.gateway.capacity.memory import Cost, Measure, declared_mb, files_mb, this_process
 from services.gateway.capacity.metrics import CacheMetrics
 from services.gateway.errors import DeadlineExceeded, GatewayError, Overloaded
@@ -38,50 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ROOM_WAIT_S = 30.0
-"""How long a load not made for a request (an activation, a canary) waits for room before it is refused; a request
-without a deadline waits as long."""
 _POLL_S = 0.05
-
-Stage = Literal["queued", "room", "loading"]
-
-
-@dataclass(eq=False)
-class Demand:
-    """Who a load is for and how far it got. It waits for room only while it is wanted: for requests
-    (``fault_in``), while one of them still waits within its deadline; otherwise up to ``ROOM_WAIT_S``. Every other
-    step goes on whoever still waits; the model is then kept for the requests still waiting until they are served
-    or gone (deadline passed, cancelled), never longer: nothing can pin it."""
-
-    for_requests: bool
-    until: float
-    """``time.monotonic()``: the latest deadline of the requests that joined (``ROOM_WAIT_S`` on for one without)."""
-    waiting: int = 0
-    """Requests waiting for it now."""
-    stage: Stage = "queued"
-    needed_mb: float | None = None
-    """What it makes room for, once it does."""
-    task: asyncio.Task[None] = field(init=False)
-
-    @classmethod
-    def background(cls) -> Demand:
-        return cls(for_requests=False, until=time.monotonic() + ROOM_WAIT_S)
-
-    def join(self, deadline: float | None) -> None:
-        self.waiting += 1
-        self.until = max(self.until, time.monotonic() + ROOM_WAIT_S if deadline is None else deadline)
-
-    def leave(self) -> None:
-        self.waiting -= 1
-
-    def wanted(self) -> bool:
-        """Whether it may still wait for room."""
-        return (self.waiting > 0 or not self.for_requests) and time.monotonic() < self.until
-
-
-load_demand: ContextVar[Demand | None] = ContextVar("load_demand", default=None)
-"""The demand of the load under way in this task (``_bring_in``); a load outside one (an activation, a canary, the
-repository API, a pinned model at start) has none and waits for room up to ``ROOM_WAIT_S``."""
 
 
 class ModelTooLarge(GatewayError):
