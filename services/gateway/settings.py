@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     core the process may use (its CPU affinity, within a container's CPU limit). They share one routing state
     (worker 0 runs the version actions), one set of figures (``/metrics``, the statistics extension, readiness
     answer for the node) and the rate limits and concurrency caps."""
+    worker_hang_timeout_s: float = 30.0
+    """With ``workers`` above 1 (or 0): a worker whose event loop gave no sign of life for this long is killed and
+    started again (it would hold its share of the node's new connections, unanswered). A model load that holds the
+    loop on purpose is allowed up to 900 s. 0: never."""
     intra_op_threads: int | None = None
     """Threads per model instance for onnxruntime / libtorch; None: the process's share of the cores (CPU count /
     workers) / instance count."""
@@ -291,6 +295,10 @@ class Settings(BaseSettings):
         for name, number in seconds.items():
             if not number >= 0:  # NaN too
                 raise ValueError(f"SWITCHYARD_{name.upper()} must be 0 or more, got {number}")
+        hang = self.worker_hang_timeout_s
+        if not (hang == 0 or hang >= 2):  # NaN too; a worker's loop beats every second
+            raise ValueError(f"SWITCHYARD_WORKER_HANG_TIMEOUT_S must be 0 (no watchdog) or at least 2 (a worker beats "
+                             f"every second), got {hang}")
         if self.triton_http_url and not _host_port(self.triton_http_url):
             raise ValueError(f"SWITCHYARD_TRITON_HTTP_URL must be host:port, got {self.triton_http_url!r}")
         positive = {

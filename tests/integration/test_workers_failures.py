@@ -1,9 +1,11 @@
 """``switchyard serve --workers 2`` when a worker fails: it dies (SIGKILL), and the node's figures still count what
-it did; it restarts while an admin action runs, and serves what the action reported. The real CLI, a supervisor and
+it did; it restarts while an admin action runs, and serves what the action reported; it hangs (SIGSTOP), and the
+supervisor's watchdog kills it and starts another. The real CLI, a supervisor and
 two spawned workers on shared ports, as in test_workers.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -25,6 +27,7 @@ pytestmark = pytest.mark.slow
 TOKEN = "workers-failures-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 JOINED = "worker 1 of 2 joined the node"
+HANG_TIMEOUT_S = 6  # the watchdog's; longer than test_an_activation_while_a_worker_restarts's stop of a worker
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,8 @@ def node(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     work = tmp_path_factory.mktemp("workers-failures")
     shutil.copytree(repository / "mlp", work / "repository" / "mlp")
     with gateway_process(work / "repository", work, token=TOKEN, options=("--workers", "2"),
-                         api_keys="k-free-0123:free", log_level="info") as gateway:
+                         api_keys="k-free-0123:free", log_level="info",
+                         worker_hang_timeout_s=str(HANG_TIMEOUT_S)) as gateway:
         yield gateway
 
 
@@ -163,3 +167,29 @@ def test_an_activation_while_a_worker_restarts_is_in_force_on_it_once_it_serves(
         return set(answered) == {target}
 
     assert wait_until(every_worker_serves_it, 10), f"activated {target}; new connections got {answered}"
+
+
+def test_a_hung_worker_is_killed_by_the_watchdog_and_started_again_then_every_request_is_answered(
+    node: GatewayProcess,
+) -> None:
+    """A stopped worker keeps its listening sockets: the kernel goes on handing it its share of the new connections,
+    and they wait unanswered until the watchdog kills it."""
+    pid = worker_pids(node)["1"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert wait_until(lambda: worker_pids(node)["1"] != pid, 60 + HANG_TIMEOUT_S), \
+            f"the stopped worker 1 was not replaced; the log:\n{node.log.read_text()[-3000:]}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    log = node.log.read_text()
+    assert f"worker 1 (pid {pid}) gave no sign of life for" in log
+    assert f"SWITCHYARD_WORKER_HANG_TIMEOUT_S={HANG_TIMEOUT_S}): killing it" in log
+    assert re.search(rf"worker 1 \(pid {pid}\) died with signal SIGKILL from the watchdog, its event loop silent "
+                     r"for \d+ s; restarting it", log), log[-3000:]
+    ready = f"http://{node.http_url}/v2/health/ready"
+    assert wait_until(lambda: httpx.get(ready).status_code == 200, 120)
+
+    answered = [on_new_connection(node, FREE)[0] for _ in range(40)]  # the kernel spreads them over both workers
+
+    assert answered == [200] * 40

@@ -19,6 +19,7 @@ from services.extras import MissingExtra
 from services.gateway import repository
 from services.gateway.backends.base import describe_problem
 from services.gateway.backends.devices import CPU, InstancePlan, NoUsableGpu, gpus, plan_instances
+from services.gateway.backends.loop_holds import LOOP_HOLDS
 from services.gateway.backends.placement import Placement
 from services.gateway.backends.priming import prime_model_runtime
 from services.gateway.backends.reshape import Reshaped, reshapes
@@ -337,16 +338,17 @@ class EmbeddedBackend:
         path = entry.model_path(version)
         assert path is not None  # _model_problem refuses models without a model file
         check_string_ranks(config, entry.name)
-        runner = build_runner(
-            entry.platform,
-            path,
-            [t.name for t in config.input],
-            [t.name for t in config.output],
-            threads=threads,
-            spinning=self._spinning,
-            devices=plan.devices,
-            tensorrt=plan.tensorrt,
-        )
+        with LOOP_HOLDS.holding():  # torch.jit.load keeps the GIL, and so the event loop, for the whole read
+            runner = build_runner(
+                entry.platform,
+                path,
+                [t.name for t in config.input],
+                [t.name for t in config.output],
+                threads=threads,
+                spinning=self._spinning,
+                devices=plan.devices,
+                tensorrt=plan.tensorrt,
+            )
         return Reshaped(runner, config) if any(reshapes(config)) else runner
 
     def _observer(self, model: str, version: int, statistics: VersionStatistics) -> Observer:

@@ -19,6 +19,7 @@ from tritonclient.grpc import model_config_pb2
 
 from services.extras import require
 from services.gateway.backends.devices import CPU, Device, NoUsableGpu, onnx_providers, plan_instances
+from services.gateway.backends.loop_holds import LOOP_HOLDS
 from services.modelrepo import layout
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,8 @@ def prime_model_runtime(config: model_config_pb2.ModelConfig, platform: str, fal
         devices = sorted(set(plan_instances(config, platform, fallback=fallback).devices))
     except NoUsableGpu:  # the load says so (or, with the fallback allowed, runs on the CPU)
         devices = [CPU]
-    started = [prime_runtime(platform, device) for device in devices]  # every device, not the first only
+    with LOOP_HOLDS.holding():  # importing torch and its first runs keep the GIL for seconds
+        started = [prime_runtime(platform, device) for device in devices]  # every device, not the first only
     return any(started)
 
 

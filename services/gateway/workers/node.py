@@ -5,6 +5,7 @@ the others the admin and repository calls go to worker 0)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 from prometheus_client import generate_latest
 
+from services.gateway.backends.loop_holds import LOOP_HOLDS
 from services.gateway.dataplane import DataPlane
 from services.gateway.repository_api import RepositoryApi
 from services.gateway.shaping.node_share import NodeShare
@@ -23,6 +25,7 @@ from services.gateway.workers.figures import NodeFigures
 from services.gateway.workers.forwarding import repository_forward
 from services.gateway.workers.kept import KeptFigures
 from services.gateway.workers.kept_statistics import KeptStatistics
+from services.gateway.workers.liveness import BEAT_S, Liveness
 from services.gateway.workers.peers import FIGURES_TIMEOUT_S, Peers, WorkerDown, failure
 from services.gateway.workers.place import WorkerPlace
 from services.gateway.workers.regions import PeerRegions
@@ -46,12 +49,17 @@ class WorkerNode:
         self.kept_statistics = KeptStatistics(place.figures_path, place.index)
         self._dataplane: DataPlane | None = None
         self._manager: VersionManager | None = None
+        self.liveness = Liveness.attach(place.liveness_path, place.count)
+        # From now on, including the models' loads at startup: a load that holds the loop is not a hang.
+        self._unlisten = LOOP_HOLDS.listen(self._held)
+        self._beating: asyncio.Task[None] | None = None
 
     async def join(self, app: Any, dataplane: DataPlane, manager: VersionManager, repository: RepositoryApi) -> None:
         """Answer for the node: readiness, metrics and statistics gathered from every worker; on worker 0 the
         version actions reach every worker, on the others repository actions go to worker 0 (the admin API goes
         there as HTTP, ``forwarding.py``). The node's calls reach this worker on its socket once it serves."""
         self._dataplane, self._manager = dataplane, manager
+        self._beating = asyncio.create_task(self._beat(), name=f"worker {self.index} liveness")
         figures = NodeFigures(self.peers, shared_server=manager.backend.shared_server, kept=self.kept,
                               kept_statistics=self.kept_statistics, here=lambda: dataplane.statistics_here("", None))
         dataplane.node = figures
@@ -79,6 +87,13 @@ class WorkerNode:
         return sock
 
     async def leave(self) -> None:
+        if self._beating is not None:
+            self._beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beating
+        # A draining worker still beats: holding its slot "held" keeps the watchdog off it while it stops.
+        self.liveness.hold(self.index)
+        self._unlisten()
         if self._manager is not None:
             self._manager.workers = None
         if self._dataplane is not None:
@@ -86,6 +101,19 @@ class WorkerNode:
             self._dataplane.regions.peers = None
         await self.peers.close()
         self.share.close()
+        self.liveness.close()
+
+    async def _beat(self) -> None:
+        """The event loop's sign of life, for the supervisor's watchdog (``liveness.py``)."""
+        while True:
+            self.liveness.beat(self.index)
+            await asyncio.sleep(BEAT_S)
+
+    def _held(self, holding: bool) -> None:
+        if holding:
+            self.liveness.hold(self.index)
+        else:
+            self.liveness.release(self.index)
 
     async def serving(self) -> None:
         """Once this worker's sockets listen: the routing worker 0 committed between ``join``'s catch-up and now is

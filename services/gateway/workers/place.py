@@ -38,3 +38,8 @@ class WorkerPlace:
     def share_path(self) -> Path:
         """The node's shared rate-limit buckets and concurrency counts (``shaping/node_share.py``)."""
         return self.folder / "share"
+
+    @property
+    def liveness_path(self) -> Path:
+        """Every worker's last sign of life, for the supervisor's watchdog (``liveness.py``)."""
+        return self.folder / "liveness"

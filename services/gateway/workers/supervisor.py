@@ -1,6 +1,7 @@
 """``switchyard serve --workers N``: the supervisor. It reserves the node's ports, starts worker 0 (which runs the
 version actions and persists the routing) and, once it is ready, the others; restarts a worker that dies (with a
-backoff, counted and logged) while the others keep serving; and on SIGTERM or SIGINT stops them all (each drains:
+backoff, counted and logged) while the others keep serving, and kills one whose event loop stopped turning
+(``liveness.py``) to restart it the same way; and on SIGTERM or SIGINT stops them all (each drains:
 its answers in flight are delivered), then exits.
 
 The supervisor serves nothing itself and loads no model: a crash in a worker never takes it down."""
@@ -27,6 +28,7 @@ from services.gateway.server import PortUnavailable, check_ports, listeners
 from services.gateway.settings import Settings
 from services.gateway.shaping.node_share import NodeShare
 from services.gateway.workers.entry import start_worker
+from services.gateway.workers.liveness import Liveness
 from services.gateway.workers.place import WorkerPlace
 from services.gateway.workers.sockets import reuseport_socket
 from services.gateway.workers.spec import ConfigTransform, WorkerSpec
@@ -56,6 +58,8 @@ class _Worker:
     backoff_s: float = FIRST_BACKOFF_S
     due: float | None = None
     """When a dead worker is started again."""
+    hung_s: float | None = None
+    """How long it had been silent when the watchdog killed it (its death is then logged as that)."""
 
 
 MEMORY_FOLDER = Path("/dev/shm")
@@ -101,7 +105,10 @@ class Supervisor:
         self._settings = settings.model_copy(update={"port": http_port, "grpc_port": grpc_port,
                                                      "workers": self._count})
         self._transform = config_transform
-        self._share = NodeShare.create(WorkerPlace(0, self._count, self._folder).share_path, self._count)
+        place = WorkerPlace(0, self._count, self._folder)
+        self._share = NodeShare.create(place.share_path, self._count)
+        self._liveness = Liveness.create(place.liveness_path, self._count)
+        self._hang_timeout_s = settings.worker_hang_timeout_s
         self._context = multiprocessing.get_context("spawn")
         self._workers: dict[int, _Worker] = {}
         self._stopping = False
@@ -140,6 +147,7 @@ class Supervisor:
         for sock in self._reservations:
             sock.close()
         self._share.close()
+        self._liveness.close()
         shutil.rmtree(self._folder, ignore_errors=True)
 
     def _stop(self, signum: int, frame: FrameType | None) -> None:
@@ -157,13 +165,14 @@ class Supervisor:
         place = WorkerPlace(index, self._count, self._folder)
         known = self._workers.get(index)
         spec = WorkerSpec(self._settings, place, self._transform, known.restarts if known is not None else 0)
+        self._liveness.reset(index)  # what its previous process last wrote says nothing of this one
         process = self._context.Process(target=start_worker, args=(spec,), name=f"switchyard-worker-{index}")
         process.start()
         log.info("worker %d started (pid %s)", index, process.pid)
         if known is None:
             self._workers[index] = _Worker(index, process)
         else:
-            known.process, known.started, known.due = process, time.monotonic(), None
+            known.process, known.started, known.due, known.hung_s = process, time.monotonic(), None, None
 
     def _wait_ready(self, indices: list[int]) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -193,9 +202,11 @@ class Supervisor:
             return False
 
     def _tend(self) -> None:
-        """Restart dead workers, each after its backoff."""
+        """Restart dead workers, each after its backoff; kill hung ones (restarted the same way)."""
         now = time.monotonic()
         for worker in self._workers.values():
+            if worker.due is None and worker.hung_s is None and worker.process.is_alive():
+                self._watch(worker, now)
             if worker.due is None and not worker.process.is_alive():
                 if now - worker.started >= STEADY_S:  # it served a while: a fresh failure, not a crash loop
                     worker.backoff_s = FIRST_BACKOFF_S
@@ -206,10 +217,31 @@ class Supervisor:
                 # Its concurrency slots are freed now, not at its restart: the backoff (up to 30 s) would hold them
                 # from the node's other workers meanwhile. It is dead, so it never gives them back itself.
                 self._share.reset_worker(worker.index)
+                how = _how(worker.process) if worker.hung_s is None else \
+                    f"{_how(worker.process)} from the watchdog, its event loop silent for {worker.hung_s:.0f} s"
                 log.error("worker %d (pid %s) died with %s; restarting it in %.0f s (restart %d)", worker.index,
-                          worker.process.pid, _how(worker.process), delay, worker.restarts)
+                          worker.process.pid, how, delay, worker.restarts)
             elif worker.due is not None and now >= worker.due:
                 self._spawn(worker.index)
+
+    def _watch(self, worker: _Worker, now: float) -> None:
+        """Kill a worker whose event loop has stopped turning: it holds its share of the node's new connections and
+        answers none (SIGKILL: a hung loop would not run a SIGTERM's drain)."""
+        if not self._hang_timeout_s or worker.process.pid is None:
+            return
+        silent = self._liveness.silent_s(worker.index)
+        if silent is None:  # not beating yet: loading its models, which may take as long as a start may
+            if now - worker.started <= STARTUP_TIMEOUT_S:
+                return
+            why = f"was not serving {STARTUP_TIMEOUT_S:.0f} s after it started"
+        elif silent > self._hang_timeout_s:
+            why = f"gave no sign of life for {silent:.0f} s (SWITCHYARD_WORKER_HANG_TIMEOUT_S={self._hang_timeout_s:g})"
+        else:
+            return
+        worker.hung_s = silent if silent is not None else now - worker.started
+        log.error("worker %d (pid %s) %s: killing it", worker.index, worker.process.pid, why)
+        os.kill(worker.process.pid, signal.SIGKILL)
+        worker.process.join(5)
 
     def _stop_all(self) -> None:
         alive = [w.process for w in self._workers.values() if w.process.is_alive()]
