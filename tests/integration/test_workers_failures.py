@@ -6,6 +6,7 @@ two spawned workers on shared ports, as in test_workers.py."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -19,6 +20,7 @@ import httpx
 import pytest
 import tritonclient.grpc as grpcclient
 
+from services.gateway.state import RoutingRecord
 from tests.gateway_process import GatewayProcess, gateway_process
 from tests.integration.test_workers import BODY, FREE, OK_HTTP, on_new_connection, per_worker
 from tests.waiting import wait_until
@@ -193,3 +195,28 @@ def test_a_hung_worker_is_killed_by_the_watchdog_and_started_again_then_every_re
     answered = [on_new_connection(node, FREE)[0] for _ in range(40)]  # the kernel spreads them over both workers
 
     assert answered == [200] * 40
+
+
+def test_a_routing_worker_0_persisted_but_did_not_tell_before_dying_reaches_every_worker_once_it_restarts(
+    node: GatewayProcess,
+) -> None:
+    """Worker 0 persists an action's routing, then tells the others; killed between the two (a window of about a
+    millisecond, so the test writes the routing file itself, as worker 0 does, then kills it), the restarted
+    worker 0 serves the persisted routing and must tell the others, which would serve the previous one."""
+    state = Path(node.env["SWITCHYARD_STATE_PATH"])
+    document = json.loads(state.read_text())
+    before = RoutingRecord.from_json(document["models"]["mlp"])
+    assert set(before.loaded) >= {1, 2}  # both versions stay loaded: switching is a routing change only
+    target = 1 if before.stable == 2 else 2
+    document["models"]["mlp"] = before.switched_to(target).to_json()
+    state.write_text(json.dumps(document, indent=2) + "\n")
+
+    kill_and_wait_for_restart(node, "0")
+
+    answered: list[str | None] = []
+
+    def every_worker_serves_it() -> bool:
+        answered[:] = [on_new_connection(node, FREE)[1] for _ in range(20)]  # over both workers
+        return set(answered) == {str(target)}
+
+    assert wait_until(every_worker_serves_it, 30), f"persisted version {target}; new connections got {answered}"

@@ -53,6 +53,7 @@ class WorkerNode:
         # From now on, including the models' loads at startup: a load that holds the loop is not a hang.
         self._unlisten = LOOP_HOLDS.listen(self._held)
         self._beating: asyncio.Task[None] | None = None
+        self._telling: asyncio.Task[None] | None = None
 
     async def join(self, app: Any, dataplane: DataPlane, manager: VersionManager, repository: RepositoryApi) -> None:
         """Answer for the node: readiness, metrics and statistics gathered from every worker; on worker 0 the
@@ -87,10 +88,11 @@ class WorkerNode:
         return sock
 
     async def leave(self) -> None:
-        if self._beating is not None:
-            self._beating.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._beating
+        for task in (self._beating, self._telling):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         # A draining worker still beats: holding its slot "held" keeps the watchdog off it while it stops.
         self.liveness.hold(self.index)
         self._unlisten()
@@ -119,9 +121,22 @@ class WorkerNode:
         """Once this worker's sockets listen: the routing worker 0 committed between ``join``'s catch-up and now is
         taken. Worker 0 tells a worker each commit only once its socket listens (``peers.py`` leaves out one that
         does not), so without this a commit in that gap (the rest of the startup: a full garbage collection, the
-        listeners) would reach this worker with the next action only, while the action reported it in force."""
-        if not self.place.acting and self._manager is not None:
+        listeners) would reach this worker with the next action only, while the action reported it in force.
+
+        On worker 0 the others are told the routing it serves: when it restarts after dying between persisting an
+        action's routing and telling the others (``versions/node.py``), it serves that routing and they would go on
+        serving the previous one until the next action. A worker that has it already ignores it (its generation)."""
+        if self._manager is None:
+            return
+        if self.place.acting:
+            # Not awaited: a hung worker could hold the call for ACTION_TIMEOUT_S, and uvicorn's startup with it.
+            self._telling = asyncio.create_task(self._tell_routing(self._manager), name="tell the node's routing")
+        else:
             await self._catch_up(self._manager)
+
+    async def _tell_routing(self, manager: VersionManager) -> None:
+        for model, record in list(manager.router.records.items()):
+            await self.peers.follow(model, record)  # a worker that is not listening yet reads it as it starts
 
     async def _catch_up(self, manager: VersionManager) -> None:
         """Routing worker 0 committed while this worker started (before its socket listened) is taken now."""
