@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from examples import models
 from tests.gateway_process import GatewayProcess, gateway_process
 from tests.redis_server import RedisServer, redis_server
-from tests.waiting import eventually_async
+from tests.waiting import eventually_async, wait_until
 
 TOKEN = "replica-test-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -160,3 +161,42 @@ def test_replicas_with_a_model_cache_share_the_routing_and_each_loads_only_for_i
         assert served(b) == "1"
         assert resident(b) is True
         assert served(a) == "1"
+
+
+@pytest.mark.slow
+def test_a_replica_whose_repository_lacks_a_version_kept_loaded_elsewhere_follows_the_shared_routing(
+    repository: Path, tmp_path: Path
+) -> None:
+    """Replica B's copy of the repository was pruned to version 2; replica A keeps version 1 loaded beside the stable
+    version 2. Both route requests alike, so B follows the shared routing, at its start and after each action, and
+    says nothing is wrong; only an action that routes to version 1 cannot be followed by B."""
+    for name, versions in (("a", ("1", "2")), ("b", ("2",))):
+        root = tmp_path / name / "repository" / "mlp"
+        root.mkdir(parents=True)
+        for item in ("config.pbtxt", "warmup", *versions):
+            source = repository / "mlp" / item
+            (shutil.copytree if source.is_dir() else shutil.copy2)(source, root / item)
+
+    def view(gateway: GatewayProcess) -> dict[str, Any]:
+        answer = httpx.get(f"http://{gateway.http_url}/admin/models/mlp", headers=ADMIN)
+        assert answer.status_code == 200, answer.text
+        return dict(answer.json())
+
+    with ExitStack() as stack:
+        redis = stack.enter_context(redis_server(tmp_path / "redis"))
+        a, b = (stack.enter_context(gateway_process(tmp_path / name / "repository", tmp_path / name, token=TOKEN,
+                                                    redis_url=redis.url)) for name in ("a", "b"))
+        assert view(a)["routing"]["loaded"] == [1, 2]
+        started = view(b)
+        assert (started["routing"]["generation"], started["problem"]) == (view(a)["routing"]["generation"], None)
+        assert served(b) == "2"
+
+        for action in ("unload", "load"):  # a new generation each, the last keeping version 1 loaded again
+            done = httpx.post(f"http://{a.http_url}/admin/models/mlp/versions/1/{action}", headers=ADMIN)
+            assert done.status_code == 200, done.text
+        generation = view(a)["routing"]["generation"]
+        assert view(a)["routing"]["loaded"] == [1, 2]
+
+        assert wait_until(lambda: view(b)["routing"]["generation"] == generation, 10), view(b)
+        assert view(b)["problem"] is None
+        assert served(b) == "2"

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 
-from services.gateway.errors import GatewayError
+from services.gateway.errors import GatewayError, ModelNotFound
 from services.gateway.state import RoutingRecord
 from services.gateway.tensors.types import VersionState
 from services.gateway.versions.context import VersionContext
@@ -76,6 +76,7 @@ async def _adopt(manager: VersionContext, model: str, record: RoutingRecord) -> 
                 raise GatewayError(f"version(s) {missing} are not ready on the shared server", 503)
         elif manager.cache is None or model in manager.cache.pinned:
             steps = Steps(model, manager.metrics, Progress("follow", record.stable))
+            target = needed | await _held_here(manager, model, record, target - needed)
             for version in sorted(target):
                 await manager.prepare(model, version, steps)
         else:  # the model cache loads what the record routes to on its first request here: from this repository
@@ -102,6 +103,22 @@ async def _adopt(manager: VersionContext, model: str, record: RoutingRecord) -> 
     if (kept_by_record or record.unloaded) and not manager.backend.shared_server:
         await _unload_extras(manager, model, target)
     return None
+
+
+async def _held_here(manager: VersionContext, model: str, record: RoutingRecord, kept: set[int]) -> set[int]:
+    """Of the versions the record keeps loaded without routing to them (the previous one, for a quick rollback),
+    those this gateway's repository holds. One missing here (pruned from this copy) does not keep the gateway from
+    following what the record routes to; it matters only when an action routes to it, and that action says so."""
+    held = set()
+    for version in sorted(kept):
+        try:
+            await asyncio.to_thread(manager.catalog.refresh, model, version)
+        except ModelNotFound as exc:
+            log.warning("model '%s': routing generation %d keeps version %d loaded, which this gateway's repository "
+                        "lacks (%s); following without it", model, record.generation, version, exc)
+            continue
+        held.add(version)
+    return held
 
 
 def _taken(manager: VersionContext, model: str, record: RoutingRecord) -> bool:

@@ -93,6 +93,14 @@ async def _route(
     entry = manager.catalog.entry(model)
     if record is not None and checked is not None and checked.stable is None and record.stable in versions:
         repaired, dropped = _on_disk(record, set(entry.available))
+        if dropped and not errors and manager.store.shared and _routes_alike(record, repaired):
+            # Only versions the shared record keeps loaded without routing to them are missing (this copy of the
+            # repository was pruned): this gateway serves exactly what the others do, so it follows the shared
+            # record as it is. A rollback to a missing previous version fails here with its own error.
+            log.warning("model '%s': the shared routing (generation %d) keeps %s loaded, which this gateway's "
+                        "repository lacks; it routes as the other gateways do", model, record.generation, dropped)
+            manager.set_routing(model, record)
+            return
         if dropped:
             errors.insert(0, f"the persisted routing names {dropped}, gone from the repository: dropped from it")
         log.info("model '%s': stable version %d, from the persisted routing (generation %d)", model,
@@ -147,6 +155,12 @@ async def _route_unloaded(manager: VersionContext, model: str, record: RoutingRe
         manager.set_routing(model, repaired)
         return
     manager.set_routing(model, record)
+
+
+def _routes_alike(record: RoutingRecord, repaired: RoutingRecord) -> bool:
+    """Whether requests route the same by both: the same stable version, canary and shadow (``previous`` and
+    ``loaded`` only matter to later actions)."""
+    return (record.stable, record.canary, record.shadow) == (repaired.stable, repaired.canary, repaired.shadow)
 
 
 def _on_disk(record: RoutingRecord, available: set[int]) -> tuple[RoutingRecord, str]:
