@@ -76,7 +76,7 @@ def export(
     instances: int = DEFAULT_INSTANCES,
     kind: Kind = "cpu",
     version_policy: str | VersionPolicy = "latest:1",
-    max_queue_delay_us: int = 2000,
+    max_queue_delay_us: int | None = None,
     preferred_batch_sizes: Sequence[int] = (),
     priority_levels: int = 0,
     atol: float | None = None,
@@ -124,9 +124,9 @@ def _export(
     verbose: bool,
 ) -> ExportResult:
     report("export")
-    prepared = prepare(module, example_inputs, input_names, output_names)
+    prepared = prepare(module, example_inputs, input_names, output_names, batched=options.batched)
     dynamic_axes = resolve_dynamic_axes(prepared, dynamic_axes)
-    if prepared.batch_size > options.max_batch_size:
+    if options.batched and prepared.batch_size > options.max_batch_size:
         raise ExportError(
             f"the example inputs have batch {prepared.batch_size}, over max_batch_size={options.max_batch_size}: "
             f"give examples of at most {options.max_batch_size} rows (--example-batch on the command line), or "
@@ -135,7 +135,7 @@ def _export(
     served_in, served_out = served_names(prepared, options.format)
     in_specs, out_specs = tensor_specs(prepared, served_in, served_out, dynamic_axes,
                                      parity_batch_sizes(options.max_batch_size))
-    warmup_dims = {n: served_dims(t.shape[1:]) for n, t in zip(served_in, prepared.examples, strict=True)}
+    warmup_dims = {n: served_dims(prepared.served_shape(t)) for n, t in zip(served_in, prepared.examples, strict=True)}
     config = build_config(options, in_specs, out_specs, warmup_dims)
     _check_compatible(repo, options.name, config)  # before minutes of exporting; again under the lock
     _check_policy_selects(repo, options, config, options.version or repo.next_version(options.name))
@@ -165,7 +165,9 @@ def _export(
             raise
         notes = [*prepared.notes, *artifact.notes]
         report("publish")
-        warmup = {n: raw_bytes(t[:1]) for n, t in zip(served_in, prepared.examples, strict=True)}
+        # One row of a batched model (Triton repeats it ``batch_size`` times); a whole request of an unbatched one.
+        warmup = {n: raw_bytes(t[:1] if prepared.batched else t) for n, t in zip(served_in, prepared.examples,
+                                                                                 strict=True)}
         try:
             write_samples(version_dir, prepared, served_in, served_out)
             with repo.locked():

@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from exporter.errors import ExportError
-from exporter.specs import DEFAULT_INSTANCES, TensorSpec
+from exporter.errors import ExportError, InvalidSpecError
+from exporter.specs import DEFAULT_INSTANCES, DEFAULT_QUEUE_DELAY_US, TensorSpec
 from services.extras import MissingExtra, require
 
 if TYPE_CHECKING:
@@ -54,12 +54,17 @@ def export_command(
         help="Name of the model's next output, in the order forward() returns them, e.g. logits; repeat it for each "
              "output.",
     )] = None,
-    max_batch_size: Annotated[int, typer.Option(help="Largest batch the model accepts.")] = 32,
+    max_batch_size: Annotated[int, typer.Option(
+        help="Largest batch the model accepts; 0: the model has no batch dim (--input shapes are whole shapes, no "
+             "dynamic batcher).",
+    )] = 32,
     version: Annotated[int | None, typer.Option(help="Version to write (default: the next free one).")] = None,
     instances: Annotated[int, typer.Option(help="instance_group count.")] = DEFAULT_INSTANCES,
     kind: Annotated[str, typer.Option(help="instance_group kind: cpu or gpu.")] = "cpu",
     version_policy: Annotated[str, typer.Option(help="latest:N, all or specific:1,2.")] = "latest:1",
-    max_queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher queue delay.")] = 2000,
+    max_queue_delay_us: Annotated[int | None, typer.Option(
+        help=f"Dynamic batcher queue delay (default: {DEFAULT_QUEUE_DELAY_US}).", show_default=False,
+    )] = None,
     preferred_batch_size: Annotated[list[int] | None, typer.Option(
         metavar="N", help="A preferred batch size of the dynamic batcher; repeat it for more "
                           "(--preferred-batch-size 4 --preferred-batch-size 8).",
@@ -68,7 +73,8 @@ def export_command(
         help="Priority levels of the dynamic batcher (requests name 1 = highest .. N; 0: none)."
     )] = 0,
     example_batch: Annotated[int | None, typer.Option(
-        help="Batch size of the generated example inputs (default: 2, or 1 when --max-batch-size is 1).",
+        help="Batch size of the generated example inputs (default: 2, or 1 when --max-batch-size is 1; none with "
+             "--max-batch-size 0).",
         show_default=False,
     )] = None,
     atol: Annotated[float | None, typer.Option(help="Parity tolerance, absolute.")] = None,
@@ -90,10 +96,9 @@ def export_command(
 
     console = Console(file=_own_stderr())
     try:
-        # Two rows show more of the model than one, but never more than the model may take.
-        rows = example_batch if example_batch is not None else max(1, min(DEFAULT_EXAMPLE_BATCH, max_batch_size))
+        rows = _example_rows(example_batch, max_batch_size)
         module, examples, input_names = build(factory, inputs or [], rows)
-        axes = dynamic_axes(inputs or [])
+        axes = dynamic_axes(inputs or [], batched=max_batch_size != 0)
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       console=console, transient=False) as progress:
             tasks = {s: progress.add_task(STAGE_LABELS[s], total=1, start=False) for s in STAGES}
@@ -130,6 +135,21 @@ def export_command(
                    f"(switchyard models activate {result.name} {result.version})")
 
 
+def _example_rows(example_batch: int | None, max_batch_size: int) -> int | None:
+    """The rows of the generated example inputs; ``None`` for a model without a batch dim (``--max-batch-size 0``),
+    whose inputs are generated at their whole ``--input`` shapes."""
+    if max_batch_size != 0:
+        # Two rows show more of the model than one, but never more than the model may take.
+        return example_batch if example_batch is not None else max(1, min(DEFAULT_EXAMPLE_BATCH, max_batch_size))
+    if example_batch is not None:
+        raise InvalidSpecError(
+            f"--example-batch {example_batch} gives the rows of a batch, but --max-batch-size 0 exports a model "
+            "without a batch dim: leave --example-batch out (the --input shapes are the whole shapes the model takes), "
+            "or give --max-batch-size 1 or more"
+        )
+    return None
+
+
 def _own_stderr() -> TextIO:
     """stderr on a descriptor of its own: while an export runs, descriptor 2 leads to the export's log, and the
     progress display must still reach the terminal."""
@@ -156,6 +176,16 @@ def _dims_text(spec: TensorSpec) -> str:
     return served if spec.reshape is None else f"{served} (model: {list(spec.reshape)})"
 
 
+def _parity_text(result: ExportResult) -> str:
+    sizes = sorted(set(result.parity.batch_sizes))
+    if sizes and sizes != [0]:
+        return f"parity at batch sizes {sizes}"
+    # No batch dim: the whole tensors fed, one set of shapes per step (dynamic axes grow between them).
+    steps = ["; ".join(f"{spec.name} {list(shape)}" for spec, shape in zip(result.inputs, step, strict=True))
+             for step in result.parity.input_shapes]
+    return f"parity without a batch dim, at shapes {' | '.join(steps)}"
+
+
 def summary_table(result: ExportResult) -> Table:
     table = Table(title=f"{result.name} version {result.version} → {result.model_dir}", title_justify="left")
     for column in ("tensor", "datatype", "dims", "max abs err", "max rel err", "atol / rtol"):
@@ -169,7 +199,7 @@ def summary_table(result: ExportResult) -> Table:
         table.add_row(f"in  {spec.name}", spec.datatype, _dims_text(spec), "", "", "")
     for (spec, (abs_err, rel_err, tol)) in zip(result.outputs, worst.values(), strict=True):
         table.add_row(f"out {spec.name}", spec.datatype, _dims_text(spec), f"{abs_err:.2e}", f"{rel_err:.2e}", tol)
-    parity = f"parity at batch sizes {sorted(set(result.parity.batch_sizes))}"
+    parity = _parity_text(result)
     where = [result.parity.device_note] if result.parity.device_note else []  # a CPU export's caption is unchanged
     table.caption = "; ".join([f"{result.format} via {result.exporter}", parity, *where, *result.notes])
     return table

@@ -1,5 +1,6 @@
 """What ``switchyard export`` is pointed at: a ``MODULE:FACTORY`` to import and call, and the ``--input``
-specs that stand in for example inputs (random tensors) and declare the dynamic dims."""
+specs that stand in for example inputs (random tensors) and declare the dynamic dims. An ``--input`` shape leaves
+the batch dim out, as config.pbtxt does; for a model without one (``--max-batch-size 0``) it is the whole shape."""
 
 from __future__ import annotations
 
@@ -17,9 +18,13 @@ from exporter.specs import TensorSpec
 DYNAMIC_DIM_EXAMPLE_SIZE = 8
 
 
-def build(factory: str, inputs: list[str], example_batch: int) -> tuple[torch.nn.Module, Any, list[str] | None]:
-    """The module, its example inputs and their names (``None``: the factory's own examples name them)."""
-    if example_batch < 1:
+def build(
+    factory: str, inputs: list[str], example_batch: int | None
+) -> tuple[torch.nn.Module, Any, list[str] | None]:
+    """The module, its example inputs and their names (``None``: the factory's own examples name them).
+    ``example_batch``: the rows of the generated inputs; ``None`` for a model without a batch dim, whose inputs
+    are generated at their ``--input`` shapes."""
+    if example_batch is not None and example_batch < 1:
         raise InvalidSpecError(f"--example-batch must be at least 1 (got {example_batch}): an example needs a row")
     module_name, _, attr = factory.partition(":")
     if not module_name or not attr:
@@ -55,19 +60,22 @@ def build(factory: str, inputs: list[str], example_batch: int) -> tuple[torch.nn
     return module, examples, None
 
 
-def dynamic_axes(inputs: list[str]) -> dict[str, list[int]]:
-    """Input name -> the axes (counting the batch axis as 0) its ``--input`` shape marks ``-1``."""
+def dynamic_axes(inputs: list[str], batched: bool = True) -> dict[str, list[int]]:
+    """Input name -> the axes its ``--input`` shape marks ``-1``, counting the batch axis as 0 when ``batched``
+    (the shape leaves it out), else the shape's own axes."""
+    first = 1 if batched else 0
     axes = {}
     for text in inputs:
         spec = TensorSpec.parse(text)
-        dynamic = [i + 1 for i, d in enumerate(spec.dims) if d == -1]
+        dynamic = [i + first for i, d in enumerate(spec.dims) if d == -1]
         if dynamic:
             axes[spec.name] = dynamic
     return axes
 
 
-def _random_input(spec: TensorSpec, batch: int) -> torch.Tensor:
-    shape = (batch, *(DYNAMIC_DIM_EXAMPLE_SIZE if d == -1 else d for d in spec.dims))
+def _random_input(spec: TensorSpec, batch: int | None) -> torch.Tensor:
+    rows = () if batch is None else (batch,)
+    shape = (*rows, *(DYNAMIC_DIM_EXAMPLE_SIZE if d == -1 else d for d in spec.dims))
     dtype = torch_dtype(spec.datatype)
     generator = torch.Generator().manual_seed(0)
     if dtype == torch.bool:

@@ -38,16 +38,8 @@ def build_config(
         _set_reshape(config.input.add(name=spec.name, data_type=_dtype(spec), dims=list(spec.dims)), spec)
     for spec in outputs:
         _set_reshape(config.output.add(name=spec.name, data_type=_dtype(spec), dims=list(spec.dims)), spec)
-    batching = config.dynamic_batching
-    batching.max_queue_delay_microseconds = options.max_queue_delay_us
-    batching.preferred_batch_size.extend(options.preferred_batch_sizes)
-    if options.priority_levels:
-        batching.priority_levels = options.priority_levels
-        batching.default_priority_level = (options.priority_levels + 1) // 2
-    # Triton ignores a request's v2 ``timeout`` unless the queue policy allows overriding, and it only takes
-    # overrides shorter than the default timeout (0 = none, which no override beats): so a generous cap.
-    batching.default_queue_policy.allow_timeout_override = True
-    batching.default_queue_policy.default_timeout_microseconds = QUEUE_TIMEOUT_CAP_US
+    if options.batched:  # a model without a batch dim has no batcher: each request runs as it comes
+        _set_dynamic_batching(config.dynamic_batching, options)
     kind = mc.ModelInstanceGroup.KIND_GPU if options.kind == "gpu" else mc.ModelInstanceGroup.KIND_CPU
     config.instance_group.add(count=options.instances, kind=kind)
     _set_version_policy(config.version_policy, options.version_policy)
@@ -57,6 +49,18 @@ def build_config(
         warmup.inputs[spec.name].dims.extend(warmup_dims[spec.name])
         warmup.inputs[spec.name].input_data_file = spec.name
     return config
+
+
+def _set_dynamic_batching(batching: mc.ModelDynamicBatching, options: ExportOptions) -> None:
+    batching.max_queue_delay_microseconds = options.queue_delay_us
+    batching.preferred_batch_size.extend(options.preferred_batch_sizes)
+    if options.priority_levels:
+        batching.priority_levels = options.priority_levels
+        batching.default_priority_level = (options.priority_levels + 1) // 2
+    # Triton ignores a request's v2 ``timeout`` unless the queue policy allows overriding, and it only takes
+    # overrides shorter than the default timeout (0 = none, which no override beats): so a generous cap.
+    batching.default_queue_policy.allow_timeout_override = True
+    batching.default_queue_policy.default_timeout_microseconds = QUEUE_TIMEOUT_CAP_US
 
 
 def _set_reshape(tensor: mc.ModelInput | mc.ModelOutput, spec: TensorSpec) -> None:
@@ -103,9 +107,11 @@ def read_config(model_dir: Path) -> mc.ModelConfig:
 
 
 def signature(config: mc.ModelConfig) -> tuple[object, ...]:
-    """What every version of a model must agree on, since they share one ``config.pbtxt``."""
+    """What every version of a model must agree on, since they share one ``config.pbtxt``: the same dims mean
+    per-row shapes with a batch dim and whole tensors without one, so whether it batches is part of it."""
     return (
         config.platform,
+        config.max_batch_size > 0,
         tuple((t.name, t.data_type, tuple(t.dims), _reshape(t)) for t in config.input),
         tuple((t.name, t.data_type, tuple(t.dims), _reshape(t)) for t in config.output),
     )
@@ -122,6 +128,8 @@ def signature_differences(existing: mc.ModelConfig, new: mc.ModelConfig) -> list
     differences = []
     if existing.platform != new.platform:
         differences.append(f"platform: {existing.platform or existing.backend} there, {new.platform} here")
+    if (existing.max_batch_size > 0) != (new.max_batch_size > 0):
+        differences.append(f"batch dim: {_batching_text(existing)} there, {_batching_text(new)} here")
     for kind, old, fresh in (("input", existing.input, new.input), ("output", existing.output, new.output)):
         for index in range(max(len(old), len(fresh))):
             there = _tensor_text(old[index]) if index < len(old) else "none"
@@ -129,6 +137,12 @@ def signature_differences(existing: mc.ModelConfig, new: mc.ModelConfig) -> list
             if there != here:
                 differences.append(f"{kind} {index}: {there} there, {here} here")
     return differences
+
+
+def _batching_text(config: mc.ModelConfig) -> str:
+    if config.max_batch_size > 0:
+        return f"max_batch_size {config.max_batch_size} (dims without the batch dim)"
+    return "max_batch_size 0 (no batch dim, dims are whole shapes)"
 
 
 def _tensor_text(tensor: mc.ModelInput | mc.ModelOutput) -> str:

@@ -52,10 +52,16 @@ class PreparedModel:
     output_names: tuple[str, ...]
     reference_outputs: tuple[torch.Tensor, ...]
     notes: list[str] = field(default_factory=list)
+    batched: bool = True
+    """Whether axis 0 of every tensor is the batch (``max_batch_size`` over 0); otherwise tensors are served whole."""
 
     @property
     def batch_size(self) -> int:
         return int(self.examples[0].shape[0])
+
+    def served_shape(self, tensor: torch.Tensor) -> tuple[int, ...]:
+        """The shape config.pbtxt declares for a tensor like ``tensor``: without its batch axis when batched."""
+        return tuple(int(d) for d in (tensor.shape[1:] if self.batched else tensor.shape))
 
     @property
     def input_datatypes(self) -> tuple[str, ...]:
@@ -71,14 +77,18 @@ def prepare(
     example_inputs: ExampleInputs,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
+    *,
+    batched: bool = True,
 ) -> PreparedModel:
+    """``batched``: axis 0 of every example input and output is the batch (checked here); without, the examples
+    are whole requests, of any rank."""
     if not isinstance(module, nn.Module):
         raise ModelError(f"expected a torch.nn.Module, got {type(module).__name__}")
     _refuse_fake_quant(module)
     notes: list[str] = []
     keys = tuple(str(k) for k in example_inputs) if isinstance(example_inputs, Mapping) else None
     params = _forward_parameters(module)
-    names, examples = _normalise_examples(example_inputs, input_names, _positional_names(params), notes)
+    names, examples = _normalise_examples(example_inputs, input_names, _positional_names(params), notes, batched)
     _refuse_mixed_devices(module, examples)
     keyword_names = keys
     if params is not None:
@@ -89,12 +99,19 @@ def prepare(
     outputs, tree = _run_eager(flat, module, ran_on)
     _refuse_input_changes(names, examples, ran_on)
     out_names = _output_names(tree, len(outputs), output_names)
-    _check_batch_axes(names, examples, out_names, outputs)
-    return PreparedModel(flat, names, examples, out_names, outputs, notes)
+    if batched:
+        _check_batch_axes(names, examples, out_names, outputs)
+    else:
+        _refuse_scalars(names, examples, out_names, outputs)
+    return PreparedModel(flat, names, examples, out_names, outputs, notes, batched)
 
 
 def _normalise_examples(
-    example_inputs: ExampleInputs, input_names: Sequence[str] | None, positional: Sequence[str], notes: list[str]
+    example_inputs: ExampleInputs,
+    input_names: Sequence[str] | None,
+    positional: Sequence[str],
+    notes: list[str],
+    batched: bool,
 ) -> tuple[tuple[str, ...], tuple[torch.Tensor, ...]]:
     if isinstance(example_inputs, torch.Tensor):
         pairs: list[tuple[str | None, Any]] = [(None, example_inputs)]
@@ -124,9 +141,10 @@ def _normalise_examples(
     for name, value in zip(names, (t for _, t in pairs), strict=True):
         if not isinstance(value, torch.Tensor):
             raise InvalidSpecError(f"example input {name!r} is a {type(value).__name__}, expected a torch.Tensor")
-        if value.dim() == 0:
+        if value.dim() == 0 and batched:  # without a batch dim, _refuse_scalars explains why not either
             raise InvalidSpecError(
-                f"example input {name!r} is a scalar; every input needs the batch dim first, e.g. shape (1, ...)"
+                f"example input {name!r} is a scalar; every input needs the batch dim first, e.g. shape (1, ...), "
+                "or export with max_batch_size=0 for a model without a batch dim"
             )
         triton_name(value.dtype)
         if not value.is_contiguous():
@@ -134,7 +152,7 @@ def _normalise_examples(
             notes.append(f"example input {name!r} was not contiguous; exported with a contiguous copy")
         # A copy of the caller's tensor: the export runs the model on it, which must never change the caller's data.
         tensors.append(value.detach().clone(memory_format=torch.contiguous_format))
-    batches = {int(t.shape[0]) for t in tensors}
+    batches = {int(t.shape[0]) for t in tensors} if batched else {0}
     if len(batches) != 1:
         sizes = {n: int(t.shape[0]) for n, t in zip(names, tensors, strict=True)}
         raise InvalidSpecError(f"example inputs disagree on the batch size (dim 0): {sizes}")
@@ -142,8 +160,9 @@ def _normalise_examples(
     if empty:
         # An empty example shows the model nothing: no values to draw the parity gate's inputs like, no row to trace.
         raise InvalidSpecError(
-            f"example inputs {', '.join(empty)} hold no values (a dim of size 0): give at least one row, and every "
-            "other dim at least 1, with values like those the model will serve"
+            f"example inputs {', '.join(empty)} hold no values (a dim of size 0): give "
+            f"{'at least one row, and every other dim' if batched else 'every dim'} at least 1, with values like "
+            "those the model will serve"
         )
     return names, tuple(tensors)
 
@@ -337,6 +356,26 @@ def _output_names(raw: Any, count: int, given: Sequence[str] | None) -> tuple[st
     return names
 
 
+def _refuse_scalars(
+    input_names: tuple[str, ...],
+    examples: tuple[torch.Tensor, ...],
+    output_names: tuple[str, ...],
+    outputs: tuple[torch.Tensor, ...],
+) -> None:
+    """A model without a batch dim serves its tensors whole, and Triton refuses a scalar one there ("cannot have
+    empty reshape for non-batching model as scalar tensors are not supported"): with a batch dim a scalar per row is
+    declared ``dims: [1]`` with ``reshape { shape: [] }``, without one no config can declare it."""
+    scalars = [f"input {n!r}" for n, t in zip(input_names, examples, strict=True) if t.dim() == 0]
+    scalars += [f"output {n!r}" for n, t in zip(output_names, outputs, strict=True) if t.dim() == 0]
+    if scalars:
+        raise ModelError(
+            f"{', '.join(scalars)} {'is a scalar' if len(scalars) == 1 else 'are scalars'} (shape ()), and Triton "
+            "serves no scalar tensor in a model without a batch dim (max_batch_size=0): its config cannot declare "
+            "one. Give it shape (1,) instead: an example input torch.tensor([v]) read as t[0] or t.reshape(()) in "
+            "forward(), an output returned as y.reshape(1)."
+        )
+
+
 def _check_batch_axes(
     input_names: tuple[str, ...],
     examples: tuple[torch.Tensor, ...],
@@ -349,5 +388,6 @@ def _check_batch_axes(
             raise DynamicBatchError(
                 f"output {name!r} has shape {tuple(out.shape)} for a batch of {batch}: its first axis is not "
                 "the batch axis. Every output must keep the batch dim first (avoid reducing over dim 0, "
-                "view(-1)/flatten() over the batch, or returning parameters); reshape with x.shape[0]."
+                "view(-1)/flatten() over the batch, or returning parameters); reshape with x.shape[0]. A model "
+                "without a batch dim (a set of items, one fixed-shape request) exports with max_batch_size=0."
             )

@@ -54,7 +54,8 @@ class OutputParity:
 @dataclass(frozen=True)
 class ParityReport:
     batch_sizes: tuple[int, ...]
-    """Per step, the batch size fed; one repeats where dynamic axes take more steps than there are batch sizes."""
+    """Per step, the batch size fed; one repeats where dynamic axes take more steps than there are batch sizes. 0 for
+    a model without a batch dim (``max_batch_size=0``), fed whole tensors."""
     checks: tuple[OutputParity, ...]
     input_shapes: tuple[tuple[tuple[int, ...], ...], ...] = ()
     """Per batch size, the shape of each input fed: dynamic axes other than the batch axis differ between them."""
@@ -104,12 +105,16 @@ def _failure_text(check: OutputParity) -> str:
         where = "the shapes differ"
     elif check.expected_at_worst == 0:
         where = "expected 0 there, so only atol allows a difference"
-    return (f"{check.output} @ batch {check.batch_size}, inputs {check.draw}: max abs {check.max_abs_error:.3g}, "
+    at = f"batch {check.batch_size}" if check.batch_size else "whole tensors (no batch dim)"
+    return (f"{check.output} @ {at}, inputs {check.draw}: max abs {check.max_abs_error:.3g}, "
             f"{where} (tolerance atol={check.atol:g}, rtol={check.rtol:g}: |actual - expected| <= atol + rtol * "
             "|expected|)")
 
 
 def parity_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
+    """Empty for a model without a batch dim (``max_batch_size=0``): its examples are fed at their own shapes."""
+    if max_batch_size == 0:
+        return ()
     odd = next((b for b in (7, 5, 3) if b < max_batch_size), 1)
     return tuple(sorted({1, odd, max_batch_size}))
 
@@ -122,7 +127,10 @@ dim that follows the axis from one that rounds it (``L // 2`` is the same at 8 a
 def parity_steps(batch_sizes: Sequence[int], dynamic: bool) -> tuple[tuple[int, int], ...]:
     """The gate's runs as (batch size, growth of the dynamic axes): step ``i`` grows them by ``i``. With dynamic axes
     there are at least ``GROWN_SIZES`` steps, however few batch sizes there are (``max_batch_size=1`` has one),
-    the extra steps cycling through the batch sizes; without, one step per batch size."""
+    the extra steps cycling through the batch sizes; without, one step per batch size. No batch sizes (a model
+    without a batch dim): steps of batch 0, the examples' own shapes, grown likewise."""
+    if not batch_sizes:
+        return tuple((0, step) for step in range(GROWN_SIZES if dynamic else 1))
     count = max(len(batch_sizes), GROWN_SIZES) if dynamic else len(batch_sizes)
     return tuple((batch_sizes[step % len(batch_sizes)], step if dynamic else 0) for step in range(count))
 
@@ -169,7 +177,7 @@ def check_parity(
     largest = max(batch for batch, _ in steps)
     merged: list[tuple[str, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = []
     for batch, grow in steps:
-        step_shapes = tuple(_shape(t, batch, dims.get(name, ()), grow)
+        step_shapes = tuple(_shape(t, batch if prepared.batched else None, dims.get(name, ()), grow)
                             for name, t in zip(prepared.input_names, prepared.examples, strict=True))
         shapes.append(step_shapes)
         for draw in DRAWS:
@@ -224,8 +232,9 @@ def check_rows_independent(
             )
 
 
-def _shape(example: torch.Tensor, batch: int, grow_axes: Sequence[int], grow: int) -> tuple[int, ...]:
-    return tuple(batch if axis == 0 else size + (grow if axis in grow_axes else 0)
+def _shape(example: torch.Tensor, batch: int | None, grow_axes: Sequence[int], grow: int) -> tuple[int, ...]:
+    """``batch``: ``None`` for a tensor without a batch axis, whose axis 0 grows only where it is dynamic."""
+    return tuple(batch if axis == 0 and batch is not None else size + (grow if axis in grow_axes else 0)
                  for axis, size in enumerate(example.shape))
 
 
@@ -236,10 +245,11 @@ def _eager(prepared: PreparedModel, inputs: tuple[torch.Tensor, ...], batch: int
     except Exception as exc:
         raise _raised(prepared, inputs, exc) from exc
     for name, ref in zip(prepared.output_names, expected, strict=True):
-        if ref.dim() == 0 or ref.shape[0] != batch:
+        if prepared.batched and (ref.dim() == 0 or ref.shape[0] != batch):
             raise DynamicBatchError(
                 f"output {name!r} has shape {tuple(ref.shape)} in eager PyTorch for a batch of {batch}: its "
-                "first axis is not the batch axis. Keep every output's dim 0 the batch (reshape with x.shape[0])."
+                "first axis is not the batch axis. Keep every output's dim 0 the batch (reshape with x.shape[0]), or "
+                "export a model without a batch dim with max_batch_size=0."
             )
     return tuple(expected)
 
@@ -250,11 +260,16 @@ def _raised(prepared: PreparedModel, inputs: tuple[torch.Tensor, ...], error: Ex
     example's, so the served model would fail, or answer where eager PyTorch cannot, on such a request."""
     shapes = ", ".join(f"{name} {list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
                        for name, t in zip(prepared.input_names, inputs, strict=True))
+    raised = (f"the model's forward raised {type(error).__name__}: {str(error).strip()[:300]} — on inputs of shapes "
+              f"{shapes}, which the parity gate fed it because a client may send them: the served model takes ")
+    if not prepared.batched:  # no batch sizes: only the dynamic axes can have taken it past the example
+        return ModelError(
+            raised + "every length of a dynamic axis. Make forward() accept other lengths than the example's, or "
+            "leave the axis out of dynamic_axes (its length then fixed at the example's)."
+        )
     return ModelError(
-        f"the model's forward raised {type(error).__name__}: {str(error).strip()[:300]} — on inputs of shapes "
-        f"{shapes}, which the parity gate fed it because a client may send them: the served model takes every "
-        "batch size from 1 to max_batch_size and every length of a dynamic axis. Make forward() accept them (a "
-        "batch of 1 included: batch statistics, squeeze() and .view() with fixed sizes fail there), or serve "
+        raised + "every batch size from 1 to max_batch_size and every length of a dynamic axis. Make forward() accept "
+        "them (a batch of 1 included: batch statistics, squeeze() and .view() with fixed sizes fail there), or serve "
         "fewer sizes (a smaller max_batch_size, the axis left out of dynamic_axes)."
     )
 

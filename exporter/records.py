@@ -30,14 +30,16 @@ def write_samples(
     (version_dir / SAMPLES_DIR).mkdir()
     # BF16 tensors are saved as float32 (numpy has no bfloat16), value for value; the manifest keeps the datatype.
     # In the shapes clients send and get: a (batch,) tensor is served as (batch, 1) (``model_config.served_dims``).
-    inputs = {n: _served(as_numpy(t)) for n, t in zip(served_in, prepared.examples, strict=True)}
-    outputs = {n: _served(as_numpy(t)) for n, t in zip(served_out, prepared.reference_outputs, strict=True)}
+    inputs = {n: _served(as_numpy(t), prepared.batched) for n, t in zip(served_in, prepared.examples, strict=True)}
+    outputs = {n: _served(as_numpy(t), prepared.batched)
+               for n, t in zip(served_out, prepared.reference_outputs, strict=True)}
     np.savez(version_dir / SAMPLE_INPUTS_FILE, **inputs)  # type: ignore[arg-type]
     np.savez(version_dir / SAMPLE_OUTPUTS_FILE, **outputs)  # type: ignore[arg-type]
 
 
-def _served(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    return array.reshape(array.shape[0], 1) if array.ndim == 1 else array
+def _served(array: npt.NDArray[Any], batched: bool) -> npt.NDArray[Any]:
+    """Without a batch dim a tensor is served whole, as it is (``module_io`` refuses scalars there)."""
+    return array.reshape(array.shape[0], 1) if batched and array.ndim == 1 else array
 
 
 def write_manifest(

@@ -136,6 +136,8 @@ class VersionPolicy:
 # pauses of the whole model), two instances 0-64 (0-2 pauses); at 1 client the classifier went 40 -> 200 req/s.
 # Two instances also overlap one batch's input/output handling with the next batch's compute.
 DEFAULT_INSTANCES = 2
+DEFAULT_QUEUE_DELAY_US = 2000
+"""The dynamic batcher's ``max_queue_delay_microseconds`` where ``max_queue_delay_us`` is left out."""
 
 
 @dataclass(frozen=True)
@@ -146,11 +148,14 @@ class ExportOptions:
     repository: str = "model_repository"
     format: Format = "onnx"
     max_batch_size: int = 32
+    """0: the model has no batch dim (Triton's ``max_batch_size: 0``): clients send whole tensors, dims are their full
+    shapes, and there is no dynamic batcher."""
     version: int | None = None
     instances: int = DEFAULT_INSTANCES
     kind: Kind = "cpu"
     version_policy: VersionPolicy = field(default_factory=VersionPolicy)
-    max_queue_delay_us: int = 2000
+    max_queue_delay_us: int | None = None
+    """``None``: ``DEFAULT_QUEUE_DELAY_US`` for a batched model; an unbatched one has no queue delay to set."""
     preferred_batch_sizes: tuple[int, ...] = ()
     priority_levels: int = 0
     """Triton's dynamic-batching ``priority_levels`` (0: none): requests name 1 (highest) .. N; the default level
@@ -170,26 +175,29 @@ class ExportOptions:
             raise InvalidSpecError(f"invalid format {self.format!r}: expected 'onnx' or 'torchscript'")
         if self.kind not in ("cpu", "gpu"):
             raise InvalidSpecError(f"invalid instance kind {self.kind!r}: expected 'cpu' or 'gpu'")
-        if self.max_batch_size < 1:
+        if self.max_batch_size < 0:
             raise InvalidSpecError(
-                f"max_batch_size must be at least 1 (got {self.max_batch_size}); the exporter always "
-                "exports a dynamic batch dim"
+                f"max_batch_size must be at least 1 for a model with a batch dim, or 0 for one without "
+                f"(got {self.max_batch_size})"
             )
         if self.version is not None and self.version < 1:
             raise InvalidSpecError(f"version must be an integer >= 1 (got {self.version})")
         if self.instances < 1:
             raise InvalidSpecError(f"instances must be at least 1 (got {self.instances})")
-        if self.max_queue_delay_us < 0:
+        if self.max_queue_delay_us is not None and self.max_queue_delay_us < 0:
             raise InvalidSpecError(f"max_queue_delay_us must be >= 0 (got {self.max_queue_delay_us})")
         if not 0 <= self.priority_levels <= 100:
             raise InvalidSpecError(f"priority_levels must lie between 0 (none) and 100 (got {self.priority_levels})")
+        if not self.batched:
+            self._check_unbatched()
         # The proto's limits, after the checks above that name the lower bounds in their own words.
-        check_range("max_batch_size", self.max_batch_size, 1, INT32_MAX, "an int32 (max_batch_size)")
+        check_range("max_batch_size", self.max_batch_size, 0, INT32_MAX, "an int32 (max_batch_size)")
         if self.version is not None:
             check_range("version", self.version, 1, INT64_MAX, "an int64 (a model version)")
         check_range("instances", self.instances, 1, INT32_MAX, "an int32 (instance_group count)")
-        check_range("max_queue_delay_us", self.max_queue_delay_us, 0, UINT64_MAX,
-                    "a uint64 (max_queue_delay_microseconds)")
+        if self.max_queue_delay_us is not None:
+            check_range("max_queue_delay_us", self.max_queue_delay_us, 0, UINT64_MAX,
+                        "a uint64 (max_queue_delay_microseconds)")
         bad = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch_size]
         if bad:
             raise InvalidSpecError(
@@ -206,12 +214,38 @@ class ExportOptions:
                     "models, 1e-2 for fp16/bf16)"
                 )
 
+    @property
+    def batched(self) -> bool:
+        """Whether the model has a batch dim (``max_batch_size`` over 0) and a dynamic batcher merges requests."""
+        return self.max_batch_size > 0
+
+    @property
+    def queue_delay_us(self) -> int:
+        return DEFAULT_QUEUE_DELAY_US if self.max_queue_delay_us is None else self.max_queue_delay_us
+
+    def _check_unbatched(self) -> None:
+        """Refuse the dynamic batcher's options for a model without a batch dim: Triton has no batcher to give them
+        to there, so a config carrying them would promise batching that never happens."""
+        given = [text for text, set_ in (
+            (f"preferred_batch_sizes={list(self.preferred_batch_sizes)} (--preferred-batch-size)",
+             bool(self.preferred_batch_sizes)),
+            (f"priority_levels={self.priority_levels} (--priority-levels)", self.priority_levels != 0),
+            (f"max_queue_delay_us={self.max_queue_delay_us} (--max-queue-delay-us)",
+             self.max_queue_delay_us is not None),
+        ) if set_]
+        if given:
+            raise InvalidSpecError(
+                f"{' and '.join(given)} configure the dynamic batcher, but max_batch_size=0 exports a model without "
+                "a batch dim, which Triton serves without one: leave them out, or give max_batch_size of 1 or more "
+                "for a model whose first axis is the batch"
+            )
+
     def _check_types(self) -> None:
         """Options from Python arrive unchecked (``instances=2.5``): refuse a wrong type naming the option, before a
         comparison or protobuf raises a bare TypeError; integer-valued numpy numbers become plain ints."""
         for label in ("max_batch_size", "instances", "max_queue_delay_us", "priority_levels", "version", "opset"):
             value = getattr(self, label)
-            if value is None and label in ("version", "opset"):
+            if value is None and label in ("version", "opset", "max_queue_delay_us"):
                 continue
             object.__setattr__(self, label, _integer(label, value))
         object.__setattr__(self, "preferred_batch_sizes", batch_size_list(self.preferred_batch_sizes))

@@ -45,8 +45,9 @@ def tensor_specs(
     eager runs at those batch sizes and at the other sizes of the dynamic axes the gate checks, since one run cannot
     tell which output dims follow an input's size."""
     axes = dynamic_axes or {}
-    ins = tuple(_served(n, dt_, tuple(-1 if i + 1 in _declared(axes, src) else int(d)
-                                      for i, d in enumerate(t.shape[1:])))
+    first = 1 if prepared.batched else 0  # the tensor's axis that dims[0] describes
+    ins = tuple(_served(n, dt_, tuple(-1 if i + first in _declared(axes, src) else d
+                                      for i, d in enumerate(prepared.served_shape(t))))
                 for n, dt_, src, t in zip(served_in, prepared.input_datatypes, prepared.input_names,
                                           prepared.examples, strict=True))
     dims = _output_dims(prepared, axes, batch_sizes)
@@ -56,7 +57,8 @@ def tensor_specs(
 
 def resolve_dynamic_axes(prepared: PreparedModel, dynamic_axes: DynamicAxes | None) -> dict[str, dict[int, str]]:
     """``dynamic_axes`` with every axis a non-negative index of its tensor and a label (``<name>_dim<axis>`` where
-    a list gave none), the batch axis left out (it is always dynamic).
+    a list gave none), the batch axis left out (it is always dynamic); without a batch dim, axis 0 is an axis like
+    the others, dynamic only where declared.
 
     Every later step reads the axes as non-negative indices: a negative one (``-1``, the last axis) would otherwise
     be dynamic in the ONNX file yet fixed in config.pbtxt and never resized by the parity gate, and one past the
@@ -72,17 +74,23 @@ def resolve_dynamic_axes(prepared: PreparedModel, dynamic_axes: DynamicAxes | No
             )
         labelled = axes.items() if isinstance(axes, Mapping) else ((axis, None) for axis in axes)
         for axis, label in labelled:
-            index = _axis_index(name, axis, ranks[name])
-            if index != 0:
+            index = _axis_index(name, axis, ranks[name], prepared.batched)
+            if index != 0 or not prepared.batched:
                 resolved.setdefault(name, {})[index] = str(label) if label is not None else f"{name}_dim{index}"
     return resolved
 
 
-def _axis_index(name: str, axis: int, rank: int) -> int:
+def _axis_index(name: str, axis: int, rank: int, batched: bool) -> int:
     index: int | None = None
     with contextlib.suppress(TypeError, ValueError):
         index = int(axis)  # what int() takes: numpy integers, "1"
     if index is None or not -rank <= index < rank:
+        if not batched:
+            held = f"axes 0 to {rank - 1}, or -{rank} to -1 counting from the last" if rank else "no axes (a scalar)"
+            raise InvalidSpecError(
+                f"dynamic_axes gives axis {axis!r} of {name!r}, which has {rank} axes for the example inputs, none of "
+                f"them a batch axis (max_batch_size=0): give {held}"
+            )
         if rank == 1:
             raise InvalidSpecError(
                 f"dynamic_axes gives axis {axis!r} of {name!r}, which has only the batch axis (shape (batch,)), "
@@ -104,8 +112,9 @@ def _served(name: str, datatype: str, dims: tuple[int, ...]) -> TensorSpec:
 def input_dynamic_dims(prepared: PreparedModel, axes: DynamicAxes | None) -> dict[str, list[int]]:
     """Input name -> its dynamic axes other than the batch axis, for the parity check to resize."""
     result = {}
+    batch_axis = {0} if prepared.batched else set()
     for name in prepared.input_names:
-        dynamic = sorted(_declared(axes or {}, name) - {0})
+        dynamic = sorted(_declared(axes or {}, name) - batch_axis)
         if dynamic:
             result[name] = dynamic
     return result
@@ -124,7 +133,9 @@ def _output_dims(prepared: PreparedModel, axes: DynamicAxes, batch_sizes: Sequen
     over the batch) would give each request rows that depend on the other requests batched with it."""
     generator = torch.Generator().manual_seed(_PROBE_SEED)
     reference = [tuple(int(d) for d in t.shape) for t in prepared.reference_outputs]
-    for batch in (b for b in batch_sizes if b != prepared.batch_size):
+    # Without a batch dim there are no batch sizes to probe, and axis 0 is an axis like the others.
+    first = 1 if prepared.batched else 0
+    for batch in (b for b in batch_sizes if prepared.batched and b != prepared.batch_size):
         probed = _probe(prepared, [(batch, *t.shape[1:]) for t in prepared.examples], generator)
         for name, ref, got in zip(prepared.output_names, reference, probed or reference, strict=True):
             # A first axis that is not the batch is the export check's and the parity gate's to explain.
@@ -137,17 +148,17 @@ def _output_dims(prepared: PreparedModel, axes: DynamicAxes, batch_sizes: Sequen
                     "y @ y.transpose(-1, -2) on a (batch, n, d) input instead of y @ y.T), or move the cross-batch "
                     "step into the client's post-processing."
                 )
-    dynamic = [_declared(axes, name) - {0} for name in prepared.input_names]
+    dynamic = [_declared(axes, name) - set(range(first)) for name in prepared.input_names]
     varying: list[set[int]] = [set() for _ in reference]
     # Grow the dynamic axes as the parity gate does (``parity_steps``), at the example's batch size.
     for grow in sorted({grow for _, grow in parity_steps(batch_sizes, any(dynamic))} - {0}):
         shapes = [tuple(d + grow if axis in dyn else d for axis, d in enumerate(t.shape))
                   for t, dyn in zip(prepared.examples, dynamic, strict=True)]
         for seen, ref, got in zip(varying, reference, _probe(prepared, shapes, generator) or reference, strict=True):
-            seen.update(axis for axis in range(1, len(ref)) if got[axis] != ref[axis])
+            seen.update(axis for axis in range(first, len(ref)) if got[axis] != ref[axis])
     for seen, name in zip(varying, prepared.output_names, strict=True):
         seen |= _declared(axes, name)  # dynamic_axes may name outputs too
-    return [tuple(-1 if axis in seen else d for axis, d in enumerate(ref) if axis > 0)
+    return [tuple(-1 if axis in seen else d for axis, d in enumerate(ref) if axis >= first)
             for ref, seen in zip(reference, varying, strict=True)]
 
 

@@ -2,7 +2,8 @@
 
 Where ``forward`` decides on data (``exporter.control_flow``), a trace would freeze one way of the decision, so the
 decision is kept instead: the module is scripted and converted with each ``if`` as an ONNX ``If``. A trace that
-still decides on data is refused. Every input's and output's batch axis must come out dynamic."""
+still decides on data is refused. Every input's and output's batch axis must come out dynamic; a model without a
+batch dim (``PreparedModel.batched`` false) has only the axes ``dynamic_axes`` declares dynamic, axis 0 included."""
 
 from __future__ import annotations
 
@@ -73,13 +74,14 @@ def export_onnx(
     if opset is not None:
         check_opset(opset)
     extra_axes = _normalise_axes(prepared, dynamic_axes)
-    examples = _at_least_two_rows(prepared.examples)
+    examples = _at_least_two_rows(prepared.examples) if prepared.batched else prepared.examples
     with fresh_torch_state():
         exporter, fallback_reason = _capture(prepared, examples, path, max_batch_size, extra_axes, opset)
     restored = () if exporter == DYNAMO else tuple(
         restore_dropped_inputs(path, prepared.input_names, prepared.examples, extra_axes))
     model = onnx.load(str(path), load_external_data=False)
-    _check_batch_axes(model)
+    if prepared.batched:
+        _check_batch_axes(model)
     _check_dynamic_axes(model, extra_axes, exporter)
     opset_used = _opset(model)
     if opset is not None and opset_used != opset:  # a file for another opset than asked is never published
@@ -122,7 +124,8 @@ def _capture(
 ) -> tuple[str, str | None]:
     """Write the file; returns which exporter did and, when it was not dynamo, why not."""
     batch_range: AxisRange = (1, max(max_batch_size, 2))
-    requested = {name: {0: batch_range, **dict.fromkeys(extra_axes.get(name, {}), (1, None))}
+    batch_axis: dict[int, AxisRange] = {0: batch_range} if prepared.batched else {}
+    requested = {name: {**batch_axis, **dict.fromkeys(extra_axes.get(name, {}), (1, None))}
                  for name in prepared.input_names}
     try:
         program = _export_dynamo(prepared, examples, max_batch_size, extra_axes, opset)
@@ -137,7 +140,8 @@ def _capture(
     # A narrowed batch axis is a decision on the batch size; a narrowed other axis usually is an operator's need
     # (a kernel larger than the input), and a decision only where a trace of forward shows one.
     reason = "torch.export narrowed " + "; ".join(n.text for n in narrowed)
-    if narrowed and (any(n.axis == 0 for n in narrowed) or traced_decisions(prepared.flat, examples)):
+    narrowed_batch = prepared.batched and any(n.axis == 0 for n in narrowed)
+    if narrowed and (narrowed_batch or traced_decisions(prepared.flat, examples)):
         return _fallback(_Job(prepared, examples, path, extra_axes, opset), reason, reason, decides=True)
     if any(n.pinned for n in narrowed):
         # torch.export fixed a dynamic axis to the example's size where an operator's shape logic did not generalise
@@ -171,7 +175,8 @@ def _fails_at_other_sizes(
     try:
         # A file that declares a fixed axis is the model's pitfall, which those checks name; no other exporter helps.
         model = onnx.load(str(path), load_external_data=False)
-        _check_batch_axes(model)
+        if prepared.batched:
+            _check_batch_axes(model)
         _check_dynamic_axes(model, extra_axes, DYNAMO)
     except ExportError:
         return None
@@ -180,7 +185,8 @@ def _fails_at_other_sizes(
         run, _ = onnx_runner(path, prepared.input_names)
     except Exception:
         return None  # the check stage loads the file again and explains why it cannot
-    shapes = [tuple(1 if axis == 0 else size + (axis in extra_axes.get(name, {})) for axis, size in enumerate(t.shape))
+    shapes = [tuple(1 if axis == 0 and prepared.batched else size + (axis in extra_axes.get(name, {}))
+                    for axis, size in enumerate(t.shape))
               for name, t in zip(prepared.input_names, prepared.examples, strict=True)]
     try:
         run(tuple(like_example(Stats.of(t), shape, generator) for t, shape in zip(prepared.examples, shapes,
@@ -243,7 +249,8 @@ def _normalise_axes(prepared: PreparedModel, dynamic_axes: DynamicAxes | None) -
         if name not in known:
             raise ExportError(f"dynamic_axes names {name!r}, which is not an input or output ({sorted(known)})")
         labelled = dict(axes) if isinstance(axes, Mapping) else {a: f"{name}_dim{a}" for a in axes}
-        result[name] = {int(a): str(label) for a, label in labelled.items() if int(a) != 0}
+        # Axis 0 is the batch, dynamic anyway, unless the model has no batch dim.
+        result[name] = {int(a): str(label) for a, label in labelled.items() if int(a) != 0 or not prepared.batched}
     return result
 
 
@@ -265,7 +272,7 @@ def _export_dynamo(
     dims: dict[str, Dim] = {}
     per_input = []
     for name in prepared.input_names:
-        spec: dict[int, Dim] = {0: batch}
+        spec: dict[int, Dim] = {0: batch} if prepared.batched else {}
         for axis, label in extra_axes.get(name, {}).items():
             spec[axis] = dims.setdefault(label, Dim(re.sub(r"\W", "_", label), min=1))
         per_input.append(spec)
@@ -311,8 +318,9 @@ def _scripted_or_error(job: _Job) -> Exception | None:
 def _export_legacy(model: torch.nn.Module, job: _Job) -> None:
     prepared = job.prepared
     axes: dict[str, dict[int, str]] = {}
+    batch: dict[int, str] = {0: "batch"} if prepared.batched else {}
     for name in (*prepared.input_names, *prepared.output_names):
-        axes[name] = {0: "batch", **job.extra_axes.get(name, {})}
+        axes[name] = {**batch, **job.extra_axes.get(name, {})}
     with torch.no_grad():
         if any(isinstance(m, torch.jit.ScriptModule) for m in model.modules()):
             # This exporter takes a ScriptModule whole but not nested in a Python module: trace the flat

@@ -32,7 +32,14 @@ def read_config(model_dir: Path) -> mc.ModelConfig:
 
 
 def to_text(config: mc.ModelConfig) -> str:
-    return text_format.MessageToString(config)
+    """config.pbtxt's text, ``max_batch_size: 0`` written out: protobuf leaves a zero out of the text (Triton reads
+    no field as 0 too), but a reader of the file should see that the model has no batch dim."""
+    text = text_format.MessageToString(config)
+    if config.max_batch_size != 0:
+        return text
+    lines = text.splitlines(keepends=True)
+    after = next((i + 1 for i, line in enumerate(lines) if line.startswith(("platform:", "backend:"))), 0)
+    return "".join([*lines[:after], "max_batch_size: 0\n", *lines[after:]])
 
 
 def select_versions(config: mc.ModelConfig, available: Collection[int]) -> tuple[int, ...]:

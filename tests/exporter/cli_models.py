@@ -15,3 +15,10 @@ class Weighted(nn.Module):
 
 def build_weighted() -> nn.Module:
     return Weighted()
+
+
+def build_set_pooler() -> nn.Module:
+    """A model without a batch dim (``--max-batch-size 0``): a set of 4-vectors of any count in."""
+    from tests.unbatched_models import set_pooler
+
+    return set_pooler()

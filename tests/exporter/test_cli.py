@@ -170,3 +170,30 @@ def test_cli_export_help_shows_one_value_per_option_when_an_option_repeats() -> 
     assert "--preferred-batch-size N" in text
     assert "repeat it for each input (--input a:FP32:4 --input b:FP32:4)" in text
     assert "repeat it for more (--preferred-batch-size 4 --preferred-batch-size 8)" in text
+
+
+def test_cli_export_takes_input_shapes_as_whole_shapes_when_max_batch_size_is_0(repo: Path) -> None:
+    done = CliRunner().invoke(app, [
+        "export", "tests.exporter.cli_models:build_set_pooler", "--name", "sets", "--repository", str(repo),
+        "--input", "x:FP32:-1,4", "--max-batch-size", "0",
+    ], env={"COLUMNS": "200"})
+
+    assert done.exit_code == 0, done.output
+    config = read_config(repo / "sets")
+    assert config.max_batch_size == 0
+    assert not config.HasField("dynamic_batching")
+    assert [list(t.dims) for t in config.input] == [[-1, 4]]  # -1 on axis 0: the shape holds no batch dim
+    assert list(config.model_warmup[0].inputs["x"].dims) == [8, 4]  # generated at the whole shape, -1 as 8
+    said = " ".join(done.output.split())
+    assert "parity without a batch dim, at shapes x [8, 4] | x [9, 4] | x [10, 4]" in said
+
+
+def test_cli_export_refuses_example_batch_when_max_batch_size_is_0(repo: Path) -> None:
+    done = switchyard("export", "tests.exporter.cli_models:build_set_pooler", "--name", "sets", "--repository",
+                      str(repo), "--input", "x:FP32:-1,4", "--max-batch-size", "0", "--example-batch", "4")
+
+    assert done.returncode == 1
+    assert ("export failed: --example-batch 4 gives the rows of a batch, but --max-batch-size 0 exports a model "
+            "without a batch dim") in " ".join(done.stderr.split())
+    assert "Traceback" not in done.stderr
+    assert not (repo / "sets").exists()

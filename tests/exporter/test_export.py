@@ -199,7 +199,8 @@ def test_export_refuses_name_when_it_is_not_a_safe_directory_name(repo: Path, na
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"max_batch_size": 0}, "max_batch_size must be at least 1"),
+        ({"max_batch_size": -1}, r"max_batch_size must be at least 1 for a model with a batch dim, or 0 for one "
+                                 r"without \(got -1\)"),
         ({"version": 0}, "version must be an integer >= 1"),
         ({"format": "tflite"}, "expected 'onnx' or 'torchscript'"),
         ({"version_policy": "newest"}, "expected 'latest:N', 'all' or 'specific:1,2'"),
