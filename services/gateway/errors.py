@@ -37,6 +37,17 @@ class InvalidInput(GatewayError):
     reason = "invalid"
 
 
+class ClientGone(GatewayError):
+    """Counted, never sent: the client went away (closed its connection before its body arrived, cancelled its gRPC
+    call or closed its stream) before its answer. 499 is nginx's code for it; with it in
+    ``switchyard_requests_total`` a wave of clients giving up shows, instead of the requests vanishing."""
+
+    status = 499
+
+    def __init__(self, what: str = "the client went away before its answer") -> None:
+        super().__init__(what)
+
+
 class ModelNotFound(GatewayError):
     status = 404
     reason = "not_found"

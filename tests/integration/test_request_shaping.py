@@ -322,3 +322,48 @@ def _busy_grpc_request(iterations: int) -> Any:
         request.inputs.add(name=name, datatype="FP32" if name == "x" else "INT64", shape=list(value.shape))
         request.raw_input_contents.append(value.tobytes())
     return request
+
+
+def _gone(gateway: RunningGateway) -> float:
+    """Cancelled requests of ``busy`` over gRPC (the version label is empty: a cancel is counted by the front end,
+    which does not know the version the request was routed to)."""
+    return gateway.metric("switchyard_requests_total", model="busy", version="", protocol="grpc", code="499")
+
+
+def test_grpc_calls_and_stream_requests_their_clients_cancel_are_counted_as_499(shaped: RunningGateway) -> None:
+    """A client that gives up (cancels its call, closes its stream) while its request runs: without a count the
+    request vanishes from switchyard_requests_total, and a wave of clients giving up would read as less traffic."""
+    metadata = (("x-api-key", "k-free-0123"),)
+    before = _gone(shaped)
+    channel = grpc.insecure_channel(shaped.grpc_url)
+    try:
+        call = _stub(channel).ModelInfer.future(_busy_grpc_request(100_000), metadata=metadata, timeout=30)
+        _wait_for_inflight(shaped, "busy")
+        assert call.cancel()
+        assert eventually(lambda: _gone(shaped), before + 1) == before + 1
+
+        stream_cancelled = threading.Event()
+
+        def requests() -> Iterator[Any]:
+            request = _busy_grpc_request(100_000)
+            request.id = "given-up"
+            yield request
+            stream_cancelled.wait(30)  # the client keeps its side open: it is the cancel that ends the stream
+
+        _wait_for_idle(shaped)
+        stream = _stub(channel).ModelStreamInfer(requests(), metadata=metadata, timeout=30)
+        _wait_for_inflight(shaped, "busy")
+        assert stream.cancel()
+        stream_cancelled.set()
+        assert eventually(lambda: _gone(shaped), before + 2) == before + 2
+    finally:
+        channel.close()
+    assert shaped.metric("switchyard_requests_total", model="busy", version="", protocol="grpc", code="504") == 0
+
+
+def _wait_for_idle(gateway: RunningGateway, model: str = "busy") -> None:
+    """Until the model's last request (cancelled, but still running in onnxruntime) has finished."""
+    deadline = time.monotonic() + 30
+    while gateway.metric("switchyard_admission_executing", model=model) > 0:
+        assert time.monotonic() < deadline, "the cancelled request kept running for 30 s"
+        time.sleep(0.01)

@@ -11,8 +11,9 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from services.gateway.dataplane import DataPlane
-from services.gateway.errors import DeadlineExceeded, GatewayError, ModelNotFound, unexpected
+from services.gateway.errors import GatewayError, ModelNotFound, unexpected
 from services.gateway.grpc_api import shared_memory
+from services.gateway.grpc_api.cancelled import PROTOCOL, count_cancelled
 from services.gateway.grpc_api.codec import decode_request, encode_metadata, encode_response
 from services.gateway.grpc_api.repository import RepositoryService
 from services.gateway.grpc_api.stream import StreamService
@@ -21,8 +22,6 @@ from services.gateway.shaping.shaper import Admitted
 from services.gateway.tensors.regions import tensor_regions
 from services.gateway.versions.numbers import parse_version
 
-PROTOCOL = "grpc"
-DEADLINE_SLACK_S = 0.05
 T = TypeVar("T")
 
 STATUS_CODES = {
@@ -180,6 +179,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         except GatewayError as exc:
             dataplane.record_error(request.model_name, request.model_version, PROTOCOL, exc, admitted.tenant)
             return await _abort(context, exc)
+        except asyncio.CancelledError:  # while it waited for admission
+            count_cancelled(dataplane, context, request.model_name, request.model_version, admitted.tenant,
+                            stopping=self._streams.stopping)
+            raise
         except Exception as exc:
             return await self._unexpected(context, exc, request.model_name, request.model_version, admitted.tenant)
         try:
@@ -187,14 +190,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         except GatewayError as exc:  # counted by the dataplane
             return await _abort(context, exc)
         except asyncio.CancelledError:
-            # gRPC cancels the call when its deadline passes, and that can come before the gateway's own timer for
-            # the same instant. The client's clock started earlier than the server's (by the call's way in), so its
-            # cancel may arrive a little before the server's deadline: within ``DEADLINE_SLACK_S`` of it, count it
-            # as the deadline refusal it is; a client's own cancel earlier than that is not one.
-            remaining = context.time_remaining()
-            if remaining is not None and remaining <= DEADLINE_SLACK_S:
-                expired = DeadlineExceeded(f"request to model '{decoded.model}': its deadline passed")
-                dataplane.record_error(decoded.model, decoded.version, PROTOCOL, expired, admitted.tenant)
+            count_cancelled(dataplane, context, decoded.model, decoded.version, admitted.tenant,
+                            stopping=self._streams.stopping)
             raise
         try:
             answer = encode_response(response)

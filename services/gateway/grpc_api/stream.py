@@ -31,6 +31,7 @@ from tritonclient.grpc import service_pb2
 
 from services.gateway.dataplane import DataPlane
 from services.gateway.errors import GatewayError, InferenceFailed, InvalidInput, shown, unexpected
+from services.gateway.grpc_api.cancelled import count_cancelled
 from services.gateway.grpc_api.codec import decode_request, encode_response
 from services.gateway.shaping.shaper import Admitted
 from services.gateway.tensors.regions import tensor_regions
@@ -136,6 +137,11 @@ class StreamService:
         observer = self._dataplane.observer
         return None if observer is None else observer.tracing
 
+    @property
+    def stopping(self) -> bool:
+        """The gRPC server is shutting down (``close`` was called)."""
+        return self._closing.is_set()
+
     def close(self) -> None:
         """Shutdown: every stream stops reading new requests, answers those in flight, then ends."""
         self._closing.set()
@@ -239,11 +245,11 @@ class StreamService:
     ) -> None:
         """A request's task: put its answers on the stream, its responses or one error response naming it. One
         coroutine for the request's own steps (each level of awaiting costs on every suspension and resumption)."""
+        admitted = Admitted()
         try:
             started = time.monotonic()
             dataplane = self._dataplane
             shaper = dataplane.shaper
-            admitted = Admitted()
             api_key, timeout, priority = admission
             try:
                 await shaper.admit(admitted, request.model_name, PROTOCOL, api_key=api_key, size=request.ByteSize())
@@ -283,6 +289,10 @@ class StreamService:
                 error = unexpected(exc, "a request on a gRPC stream")
                 dataplane.record_error(decoded.model, decoded.version, PROTOCOL, error, admitted.tenant)
                 await exchange.put(_error(request.id, error))
+        except asyncio.CancelledError:  # the stream ended under it: its client went away, or its deadline passed
+            count_cancelled(self._dataplane, context, request.model_name, request.model_version, admitted.tenant,
+                            stopping=self.stopping)
+            raise
         finally:
             exchange.finished()
 

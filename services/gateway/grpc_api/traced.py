@@ -9,7 +9,8 @@ from typing import Any
 import grpc
 
 from services.gateway.dataplane import DataPlane
-from services.gateway.grpc_api.servicer import PROTOCOL, InferenceServicer, _Metadata
+from services.gateway.grpc_api.cancelled import PROTOCOL
+from services.gateway.grpc_api.servicer import InferenceServicer, _Metadata
 from services.gateway.grpc_api.stream import StreamService
 from services.gateway.repository_api import RepositoryApi
 from services.gateway.tracing.spans import CURRENT, Tracing

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from services.gateway.dataplane import DataPlane
-from services.gateway.errors import GatewayError, InvalidInput, unexpected
+from services.gateway.errors import ClientGone, GatewayError, InvalidInput, unexpected
 from services.gateway.rest.body import declared_length, read_body, read_inflated_body
 from services.gateway.rest.compression import encode_answer, inflater_for
 from services.gateway.rest.generate_codec import decode_generate, encode_generate, error_json
@@ -37,8 +37,6 @@ from services.gateway.versions.numbers import parse_version
 __all__ = ["GenerateEndpoint", "TracedGenerateEndpoint", "generate_routes", "sse_events"]
 
 PROTOCOL = "http"
-DISCONNECTED = 499
-"""Counted (never sent) when the client went away before its request body arrived, as on ``/infer``."""
 EVENT_STREAM = "text/event-stream"
 log = logging.getLogger(__name__)
 
@@ -78,7 +76,7 @@ class GenerateEndpoint:
             await gateway_error_response(exc)(scope, receive, send)
             return
         except ClientDisconnect:  # not our failure: counted, and nothing to answer
-            gone = GatewayError("client gone", DISCONNECTED)
+            gone = ClientGone("the client went away before its request body arrived")
             self._dataplane.record_error(model, raw_version, PROTOCOL, gone, admitted.tenant)
             return
         except Exception as exc:

@@ -19,7 +19,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from services.gateway.dataplane import DataPlane
-from services.gateway.errors import GatewayError, unexpected
+from services.gateway.errors import ClientGone, GatewayError, unexpected
 from services.gateway.rest.answer_head import AnswerHeaders
 from services.gateway.rest.body import declared_length, read_body, read_inflated_body
 from services.gateway.rest.codec import decode_request, encode_response
@@ -31,8 +31,6 @@ from services.gateway.tensors.regions import tensor_regions
 from services.gateway.versions.numbers import parse_version
 
 PROTOCOL = "http"
-DISCONNECTED = 499
-"""Counted (never sent) when the client went away before its request body arrived: nginx's code for it."""
 PREFIX = "/v2/models/"
 SUFFIX = "/infer"
 log = logging.getLogger(__name__)
@@ -116,7 +114,7 @@ class InferLane:
             return
         except ClientDisconnect:  # not our failure: one debug line and a count, no traceback
             log.debug("client disconnected before sending the whole request body for model '%s'", model)
-            gone = GatewayError("client gone", DISCONNECTED)
+            gone = ClientGone("the client went away before its request body arrived")
             dataplane.record_error(model, raw_version, PROTOCOL, gone, admitted.tenant)
             await _bare(send, 400)  # the server drops it: there is no one to send it to
             return
