@@ -101,11 +101,15 @@ def state_path(settings: Settings) -> Path:
     return path
 
 
-def state_store(settings: Settings, node: NodeWorker | None = None) -> StateStore:
+def state_store(
+    settings: Settings, node: NodeWorker | None = None, registry: CollectorRegistry | None = None
+) -> StateStore:
     """``node``: with several workers, only worker 0 opens the routing file (and holds its lock); the others read
-    it. On Redis every worker is a replica, as separate gateways are."""
+    it. On Redis every worker is a replica, as separate gateways are. ``registry``: where the Redis store counts the
+    audit events it keeps while Redis cannot take them."""
     if settings.redis_url:
-        return RedisStateStore(settings.redis_url, prefix=settings.redis_prefix, lock_ttl_s=settings.redis_lock_ttl_s)
+        return RedisStateStore(settings.redis_url, prefix=settings.redis_prefix, lock_ttl_s=settings.redis_lock_ttl_s,
+                               registry=registry)
     if node is not None and not node.acting:
         return WorkerFileView(state_path(settings))
     return FileStateStore(state_path(settings))
@@ -190,7 +194,7 @@ def create_app(
     backend, cache = with_model_cache(settings, catalog, metrics, backend)
     router, leases = Router(catalog, backend), Leases(metrics)
     router.on_demand = cache is not None
-    store = state_store(settings, node)
+    store = state_store(settings, node, metrics.registry)
     windows, shadows = TrafficWindows(), ShadowRunner(backend, leases, metrics, settings.shadow_max_pending)
     manager = VersionManager(settings, catalog, backend, router, leases, store, metrics, windows, shadows)
     manager.cache = cache

@@ -1,7 +1,8 @@
 """``switchyard tune``: asks a running gateway to tune a model (``POST /admin/models/{m}/tune``), follows the run,
 then prints the trial table, draws the Pareto front as a PNG and says what won. A run without a winner (an SLO no
-setting meets) is an ``error:`` line naming the best p99 seen, and exit code 1. Only typer, rich, httpx and the
-standard library at module level: the root command imports this to register it."""
+setting meets) is an ``error:`` line naming the best p99 seen, and exit code 1. Ctrl-C cancels the run on the gateway
+(``DELETE /admin/models/{m}/tune``), says what that did, and exits 130. Only typer, rich, httpx and the standard
+library at module level: the root command imports this to register it."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from rich.live import Live
 
 from services.extras import MissingExtra
 from services.ops.calls import DEFAULT_URL, EXIT_API, AsJson, Model, Target, Token, Url, reporting
-from services.ops.client import AdminClient, GatewayUnreachable, JSONObject
+from services.ops.client import AdminClient, AdminError, GatewayUnreachable, JSONObject
 from services.ops.format import stdout
 from services.ops.tune_plot import pareto_png
-from services.ops.tune_views import progress_line, summary_lines, trials_table
+from services.ops.tune_views import cancelled_line, progress_line, summary_lines, trials_table
 
 __all__ = ["TuneClient", "register"]
 
@@ -28,6 +29,9 @@ POLL_INTERVAL_S = 0.5
 EXIT_INTERRUPTED = 130
 SLACK_S = 120.0
 """How much longer than its budget the CLI waits for a run (the last trial's unload, the write)."""
+CANCEL_TIMEOUT_S = 120.0
+"""How long Ctrl-C waits for the gateway to confirm the cancel: it answers once the trial in progress has finished
+loading (if it was loading) and every trial is unloaded (Triton, in place: the serving config loaded back)."""
 
 
 class TuneClient(AdminClient):
@@ -38,6 +42,10 @@ class TuneClient(AdminClient):
 
     def tune_status(self, model: str) -> JSONObject:
         return self._call("GET", f"/admin/models/{_quoted(model)}/tune")
+
+    def tune_cancel(self, model: str) -> JSONObject:
+        """Answers once the run has stopped and its trials are unloaded."""
+        return self._call("DELETE", f"/admin/models/{_quoted(model)}/tune")
 
 
 def register(app: typer.Typer) -> None:
@@ -90,7 +98,13 @@ def tune(
     with reporting(target):
         client = TuneClient(url, token, timeout_s=30.0)
         try:
-            run = _follow(client, model, client.tune(model, options), budget_s + SLACK_S, as_json)
+            try:
+                started = client.tune(model, options)
+            except KeyboardInterrupt:  # whether the gateway started it is unknown: cancel nothing blindly
+                typer.echo(f"interrupted before the gateway answered; if a run started, `{_status_hint(model)}` "
+                           f"shows it and DELETE on that path cancels it", err=True)
+                raise typer.Exit(EXIT_INTERRUPTED) from None
+            run = _follow(client, target, model, started, budget_s + SLACK_S, as_json)
         finally:
             client.close()
     _report(run, plot or Path(f"tune-{model}.png"), as_json)
@@ -99,7 +113,9 @@ def tune(
         raise typer.Exit(EXIT_API)
 
 
-def _follow(client: TuneClient, model: str, run: JSONObject, wait_s: float, quiet: bool) -> JSONObject:
+def _follow(
+    client: TuneClient, target: Target, model: str, run: JSONObject, wait_s: float, quiet: bool
+) -> JSONObject:
     console = Console(stderr=True, highlight=False)
     deadline = time.monotonic() + wait_s
     try:
@@ -112,9 +128,40 @@ def _follow(client: TuneClient, model: str, run: JSONObject, wait_s: float, quie
                 if not quiet:
                     live.update(progress_line(run))
     except KeyboardInterrupt:
-        typer.echo(f"interrupted; the run goes on in the gateway: GET /admin/models/{model}/tune", err=True)
+        _cancel(target, model)
         raise typer.Exit(EXIT_INTERRUPTED) from None
     return run
+
+
+def _cancel(target: Target, model: str) -> None:
+    """Ctrl-C: the run stops on the gateway too (a run left going would keep loading trials beside production for
+    the rest of its budget); one line on stderr says what happened to it."""
+    typer.echo(f"interrupted: cancelling the tuning run of '{model}' on the gateway...", err=True)
+    canceller = TuneClient(target.url, target.token, timeout_s=CANCEL_TIMEOUT_S)
+    try:
+        run = canceller.tune_cancel(model)
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted again before the gateway confirmed the cancel: `{_status_hint(model)}` shows whether "
+                   f"the run ended", err=True)
+        return
+    except AdminError as exc:  # 409: it ended meanwhile; 404: the gateway restarted
+        typer.echo(f"not cancelled: {exc.message}", err=True)
+        return
+    except GatewayUnreachable as exc:
+        if exc.timed_out:  # the gateway took the cancel and is still unloading
+            typer.echo(f"not confirmed within {CANCEL_TIMEOUT_S:g} s: the gateway is still stopping the run; "
+                       f"`{_status_hint(model)}` shows when it has", err=True)
+        else:
+            typer.echo(f"not cancelled: {exc}; the run may go on in the gateway: `{_status_hint(model)}` shows it, "
+                       f"DELETE on that path cancels it", err=True)
+        return
+    finally:
+        canceller.close()
+    typer.echo(f"cancelled: {cancelled_line(run)}", err=True)
+
+
+def _status_hint(model: str) -> str:
+    return f"GET /admin/models/{_quoted(model)}/tune"
 
 
 def _report(run: JSONObject, plot: Path, as_json: bool) -> None:

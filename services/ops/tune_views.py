@@ -67,6 +67,18 @@ def summary_lines(run: JSONObject) -> list[str]:
     return lines
 
 
+def cancelled_line(run: JSONObject) -> str:
+    """What a cancel did, from the run it answered with: when, in which phase, the trial it ended, what is left."""
+    cancelled = run.get("cancelled") or {}
+    stopped = cancelled.get("stopped")
+    trials = len(run.get("trials", []))
+    return (
+        f"the tuning run of '{run['model']}' stopped while {cancelled.get('phase') or run.get('phase')}"
+        + (f"; {stopped} was ended and unloaded" if stopped else "")
+        + f"; {trials} trial{'s' if trials != 1 else ''} measured, none left loaded, nothing written"
+    )
+
+
 def progress_line(run: JSONObject) -> str:
     done = len(run.get("trials", []))
     return (

@@ -45,6 +45,8 @@ READS = [
     ("GET", "/admin/models/double"),
     ("GET", "/admin/models/double/events"),
     ("GET", "/admin/models/double/live"),
+    ("GET", "/admin/console/models"),
+    ("GET", "/admin/events"),
     ("GET", "/admin/whoami"),
 ]
 ACTIONS = [
@@ -56,6 +58,7 @@ ACTIONS = [
     ("PUT", "/admin/models/double/shadow"),
     ("PUT", "/admin/models/double/inference-log"),
     ("POST", "/admin/models/double/tune"),
+    ("DELETE", "/admin/models/double/tune"),
     ("POST", "/admin/models/double/versions/2/compare"),
     ("POST", "/admin/repository/scan"),
     ("POST", "/v2/repository/models/double/load"),

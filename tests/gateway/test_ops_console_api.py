@@ -1,5 +1,6 @@
 """The ops console's server side: the static page with its security headers, its assets (and nothing else), the
-live-figures endpoint behind the admin token, and the series it computes from the gateway's own counters."""
+live-figures endpoint behind the admin token, the series it computes from the gateway's own counters, and the bulk
+read the page polls (every model's status, figures and last swap)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,16 @@ import pytest
 from asgi_lifespan import LifespanManager
 from prometheus_client import CollectorRegistry
 from scripted_backend import ScriptedBackend
+from swap_races_support import ADMIN as REPLICA_ADMIN
+from swap_races_support import MODEL, gateway, scale_repository, settings_for
 
 from services.gateway.admin.console import ASSETS, UI
 from services.gateway.admin.live import LiveFigures, quantile
 from services.gateway.app import create_app
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import Settings
+from tests.redis_server import redis_server
+from tests.waiting import eventually_async, wait_until_async
 
 TOKEN = "s3cret-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -130,6 +135,91 @@ async def served_and_counted(client: httpx.AsyncClient, live: LiveFigures) -> No
     assert answered["rps"] > 0
     assert answered["p50_ms"] is not None
     assert answered["p99_ms"] >= answered["p50_ms"]
+
+
+async def test_console_bulk_read_answers_401_403_and_400_when_asked_wrongly(client: httpx.AsyncClient) -> None:
+    """The same token checks as the per-model reads (a read-only token is let in: ``test_admin_roles``)."""
+    assert (await client.get("/admin/console/models")).status_code == 401
+    wrong = await client.get("/admin/console/models", headers={"Authorization": "Bearer nope"})
+    assert (wrong.status_code, wrong.json()) == (403, {"error": "the admin token is not valid"})
+    for query in ("minutes=0", "minutes=11", "step=61", "step=x"):
+        response = await client.get(f"/admin/console/models?{query}", headers=ADMIN)
+        assert response.status_code == 400, query
+        assert "must be an integer" in response.json()["error"]
+    assert (await client.get("/admin/events?limit=0", headers=ADMIN)).status_code == 400
+
+
+async def test_console_bulk_read_shows_a_swap_when_its_event_came_after_a_read_between_flip_and_drain(
+    backend: ScriptedBackend, settings: Settings
+) -> None:
+    """A swap writes its audit event after the drain, well after the flip that changes the routing: a poll between
+    the two sees the new routing without the event, and the next one after the drain must show the swap (kept by
+    the routing generation alone, the card would show the older swap until the next routing change)."""
+    app = create_app(settings, backend=backend, registry=CollectorRegistry())
+    router = app.state.manager.router
+    async with LifespanManager(app) as manager, httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=manager.app), base_url="http://gateway"
+    ) as client:
+
+        async def last_swap() -> object:
+            (model,) = (await client.get("/admin/console/models", headers=ADMIN)).json()["models"]
+            return model["last_swap"]
+
+        assert await last_swap() is None
+        held = backend.hold = asyncio.Event()
+        backend.calls.clear()
+        served = asyncio.create_task(client.post("/v2/models/double/infer", json={"inputs": [X]}))  # on version 1
+        assert await wait_until_async(lambda: len(backend.calls) == 1)
+        backend.hold = None  # the warm-up's requests pass; the one on version 1 waits, and the drain with it
+        activation = asyncio.create_task(client.post("/admin/models/double/versions/2/activate", headers=ADMIN))
+        try:
+            assert await wait_until_async(lambda: router.record("double").stable == 2)
+            assert await last_swap() is None  # flipped, draining: no event yet
+        finally:
+            held.set()
+        assert (await served).status_code == 200
+        assert (await activation).status_code == 200, (await activation).text
+        swap = await last_swap()
+        assert isinstance(swap, dict)
+        assert (swap["action"], swap["versions"], swap["result"]) == ("activate", {"from": 1, "to": 2}, "ok")
+
+
+@pytest.mark.slow  # a Redis server and two gateways
+async def test_console_bulk_read_shows_a_swap_another_replica_logged_after_this_one_followed_its_flip(
+    tmp_path: Path,
+) -> None:
+    """Replicas sharing Redis: B follows A's flip within a second, while A still drains; A logs the swap only then.
+    B's console, having read the audit log at the new routing generation before the event was there, must read it
+    again (nothing else changes on B when A logs it)."""
+    repository = scale_repository(tmp_path / "repository", (1, 2))
+    with redis_server(tmp_path / "redis") as redis:
+        async with gateway(settings_for(repository, tmp_path / "a", redis_url=redis.url)) as a, gateway(
+            settings_for(repository, tmp_path / "b", redis_url=redis.url)
+        ) as b:
+
+            async def last_swap() -> object:
+                answer = await b.http.get("/admin/console/models", headers=REPLICA_ADMIN)
+                assert answer.status_code == 200, answer.text
+                (model,) = answer.json()["models"]
+                return model["last_swap"]
+
+            assert await last_swap() is None
+            leases = a.app.state.manager.leases
+            leases.acquire(MODEL, 2)  # a request in flight on the stable version: A's drain waits for it
+            activation = asyncio.create_task(a.admin("POST", "/versions/1/activate"))
+            try:
+                assert await eventually_async(b.stable, 1) == 1  # B followed the flip
+                assert await last_swap() is None  # A has not logged it yet
+            finally:
+                leases.release(MODEL, 2)
+            assert (await activation).status_code == 200
+
+            async def versions() -> object:
+                swap = await last_swap()
+                return swap["versions"] if isinstance(swap, dict) else None
+
+            swapped: object = {"from": 2, "to": 1}
+            assert await eventually_async(versions, swapped) == swapped
 
 
 class Clock:

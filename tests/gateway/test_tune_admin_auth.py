@@ -29,11 +29,13 @@ async def client(example_repository: Path, tmp_path: Path) -> AsyncIterator[http
 async def test_tune_route_answers_401_when_no_token_is_sent(client: httpx.AsyncClient) -> None:
     assert (await client.post("/admin/models/mlp/tune", json={"p99_ms": 10})).status_code == 401
     assert (await client.get("/admin/models/mlp/tune")).status_code == 401
+    assert (await client.delete("/admin/models/mlp/tune")).status_code == 401
 
 
 async def test_tune_route_answers_403_when_token_is_wrong(client: httpx.AsyncClient) -> None:
     wrong = {"Authorization": "Bearer nope"}
     assert (await client.post("/admin/models/mlp/tune", json={"p99_ms": 10}, headers=wrong)).status_code == 403
+    assert (await client.delete("/admin/models/mlp/tune", headers=wrong)).status_code == 403
 
 
 @pytest.mark.parametrize(
@@ -61,3 +63,9 @@ async def test_tune_route_answers_404_when_model_is_unknown_or_never_tuned(clien
     never = await client.get("/admin/models/mlp/tune", headers=HEADERS)
     assert never.status_code == 404
     assert "has not been tuned" in never.json()["error"]
+    nothing = await client.delete("/admin/models/mlp/tune", headers=HEADERS)
+    assert nothing.status_code == 404
+    assert nothing.json()["error"] == (
+        "model 'mlp' has no tuning run to cancel: it has not been tuned since the gateway started"
+    )
+    assert (await client.delete("/admin/models/nope/tune", headers=HEADERS)).status_code == 404

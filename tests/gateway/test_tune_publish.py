@@ -4,6 +4,7 @@ table is recorded beside it, and a reader never sees a partial file; nothing is 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -91,3 +92,38 @@ def test_publish_writes_nothing_when_config_on_disk_cannot_be_tuned(tmp_path: Pa
         publish(tmp_path, folder, Candidate(1, 300, (8,), 16), {})
     assert read_config(folder) == config
     assert sorted(p.name for p in folder.iterdir()) == ["1", CONFIG_FILE]
+
+
+def test_publish_syncs_backup_and_its_folder_entry_when_config_is_replaced_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A power cut right after config.pbtxt's rename must find the backup whole beside it: the backup's bytes are
+    fsynced under the name they end with, and the folder (its entry) after it got that name, both before the config
+    is replaced. Watched at the system calls (each still made), since a power cut cannot be made in a test."""
+    folder, _ = model_folder(tmp_path)
+    before = (folder / CONFIG_FILE).read_text()
+    calls: list[tuple[str, str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        calls.append(("fsync", os.path.realpath(f"/proc/self/fd/{fd}"), ""))
+        real_fsync(fd)
+
+    def replace(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+        calls.append(("replace", os.path.realpath(source), os.path.realpath(target)))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    done = publish(tmp_path, folder, Candidate(1, 300, (8,), 16), {})
+    backup, config, where = (os.path.realpath(p) for p in (done.backup, folder / CONFIG_FILE, folder))
+    replaced = next(i for i, call in enumerate(calls) if call[0] == "replace" and call[2] == config)
+    # The bytes synced, under the backup's name or a temporary one then renamed to it.
+    named = [i for i, call in enumerate(calls) if call[0] == "replace" and call[2] == backup]
+    names = {backup, *(calls[n][1] for n in named)}
+    synced = [i for i, call in enumerate(calls) if call[0] == "fsync" and call[1] in names]
+    assert synced, calls
+    assert synced[0] < replaced, calls
+    entry_made = named[0] if named else synced[0]
+    assert ("fsync", where, "") in calls[entry_made:replaced], calls
+    assert done.backup.read_text() == before

@@ -42,6 +42,28 @@ def gateway(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield running
 
 
+COPIES = ("mlp_a", "mlp_b", "mlp_c", "mlp_d")
+SWAPS = ("activate", "rollback")
+
+
+@pytest.fixture(scope="module")
+def many(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """Seven models: classifier, mlp, four copies of mlp, and ``broken``, none of whose versions loads (so none is
+    routed: it has no live figures)."""
+    work = tmp_path_factory.mktemp("console-many")
+    root = work / "repository"
+    for model in ("classifier", "mlp"):
+        shutil.copytree(repository / model, root / model)
+    for name in (*COPIES, "broken"):
+        shutil.copytree(repository / "mlp", root / name)
+        config = root / name / "config.pbtxt"
+        config.write_text(config.read_text().replace('name: "mlp"', f'name: "{name}"', 1))
+    for version in ("1", "2"):
+        (root / "broken" / version / "model.onnx").write_bytes(b"not an onnx model")
+    with gateway_process(root, work, token=TOKEN) as running:
+        yield running
+
+
 def repository_of(gateway: GatewayProcess) -> Path:
     """The gateway's own copy of the repository (``gateway_on_copy``): a test may change it."""
     return Path(gateway.command[gateway.command.index("--repository") + 1])
@@ -350,7 +372,7 @@ def test_console_requests_stay_on_the_gateway_origin_when_every_view_is_used(
     assert console.token_kept() is None
     own = f"http://{gateway.http_url}/"
     paths = {url.removeprefix(own).split("?")[0] for url in console.requests}
-    assert {"admin/ui", "admin/ui/console.js", "admin/ui/console.css", "admin/models", "admin/models/mlp/live"} <= paths
+    assert {"admin/ui", "admin/ui/console.js", "admin/ui/console.css", "admin/console/models", "admin/events"} <= paths
     assert [url for url in console.requests if not url.startswith(own)] == []
     assert console.foreign == []
 
@@ -417,4 +439,136 @@ def test_console_offers_a_read_only_token_no_action_and_an_operator_every_one(
         expect(console.page.locator("#caller")).to_have_text("admin:oncall (operator)")
         expect(card.get_by_role("button", name="Activate version 1 of mlp")).to_be_visible()
         expect(card.get_by_role("button", name="Set canary")).to_be_visible()
+        assert console.problems == []
+
+
+def per_model(http: httpx.Client, name: str, query: dict[str, int]) -> dict[str, object]:
+    """What the console read of one model before the bulk read: its status, live figures and newest swap event."""
+    status = http.get(f"/admin/models/{name}")
+    assert status.status_code == 200, status.text
+    live = http.get(f"/admin/models/{name}/live", params=query)
+    if live.status_code == 404:  # no version routed: the bulk answer says null
+        assert live.json() == {"error": f"model '{name}' has no routing yet"}
+    events = http.get(f"/admin/models/{name}/events", params={"limit": 200}).json()["events"]
+    swaps = [event for event in events if event["action"] in SWAPS]
+    return {
+        "name": name,
+        "status": status.json(),
+        "live": live.json() if live.status_code == 200 else None,
+        "last_swap": max(swaps, key=lambda event: event["time"]) if swaps else None,
+    }
+
+
+def test_console_bulk_read_equals_the_per_model_reads_when_the_repository_has_several_models(
+    many: GatewayProcess,
+) -> None:
+    url = many.http_url
+    admin(url, "POST", "models/classifier/versions/1/activate")  # a swap in the audit log
+    admin(url, "PUT", "models/mlp_a/traffic", {"canary": 1, "weight": 30})
+    admin(url, "PUT", "models/mlp_b/shadow", {"version": 1, "percent": 50})
+    for seed in range(20):
+        body, headers = mlp_body(seed)
+        for model in ("mlp_a", "mlp_b"):
+            assert httpx.post(f"http://{url}/v2/models/{model}/infer", content=body, headers=headers).is_success
+    query = {"minutes": 1, "step": 1}
+    with httpx.Client(base_url=f"http://{url}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30) as http:
+        names = [model["name"] for model in http.get("/admin/models").json()["models"]]
+        assert names == sorted(["classifier", "mlp", *COPIES, "broken"])
+
+        def counted() -> int:
+            series = http.get("/admin/models/mlp_a/live", params=query).json()["versions"]
+            return int(sum(point["requests"] for version in series for point in version["points"]))
+
+        assert wait_until(lambda: counted() == 20, 30.0), counted()  # the gateway has read its counters since
+        reads: list[tuple[object, object, object]] = []
+
+        def still() -> bool:
+            """The per-model reads between two bulk reads that are equal: the figures did not move meanwhile (the
+            gateway reads its counters every second while watched)."""
+            before = http.get("/admin/console/models", params=query).json()
+            each = {"models": [per_model(http, name, query) for name in names]}
+            after = http.get("/admin/console/models", params=query).json()
+            reads[:] = [(before, each, after)]
+            return bool(before == after)
+
+        assert wait_until(still, 60.0), "the figures moved during every bracketed read"
+        bulk, each, _ = reads[0]
+        assert bulk == each
+        by_name = {model["name"]: model for model in bulk["models"]}  # type: ignore[index]
+        # What equal answers must hold, lest they be equal by being empty.
+        assert by_name["broken"]["live"] is None
+        assert by_name["classifier"]["last_swap"]["versions"] == {"from": 2, "to": 1}
+        assert by_name["mlp_a"]["status"]["routing"]["canary"]["weight"] == 30
+        assert sum(point["requests"] for series in by_name["mlp_a"]["live"]["versions"]
+                   for point in series["points"]) == 20
+        assert by_name["mlp_b"]["live"]["shadow_policy"] == {"version": 1, "percent": 50.0}
+
+        # Every model's audit log in one read: the same events as the per-model reads, in the same order.
+        every = http.get("/admin/events", params={"limit": 1000}).json()["events"]
+        one_by_one = [event for name in names
+                      for event in http.get(f"/admin/models/{name}/events", params={"limit": 1000}).json()["events"]]
+        assert sorted(every, key=lambda event: event["time"]) == every
+        assert sorted(every, key=json.dumps) == sorted(one_by_one, key=json.dumps)
+        assert {event["model"] for event in every} == set(names) - {"broken"}  # never routed: nothing logged
+
+
+COUNT_READS = """
+(() => {
+  // Every read the page makes, in order, and a mark where each poll ends (the header's "Updated" time is redrawn).
+  const fetched = window.fetch.bind(window);
+  window.__reads = [];
+  window.fetch = (input, init) => {
+    window.__reads.push(new URL(String(input), location.href).pathname);
+    return fetched(input, init);
+  };
+  document.addEventListener("DOMContentLoaded", () => {
+    const mark = () => window.__reads.push("|poll|");
+    new MutationObserver(mark).observe(document.getElementById("updated"), { childList: true });
+  });
+})();
+"""
+
+
+def polls_after(console: ConsolePage, polls: int) -> list[list[str]]:
+    """The reads of each of the next ``polls`` whole polls (from the next poll's start)."""
+    page = console.page
+    start = page.evaluate("() => window.__reads.length")
+    page.wait_for_function(
+        f"() => window.__reads.slice({start}).filter((read) => read === '|poll|').length >= {polls + 1}"
+    )
+    reads: list[str] = page.evaluate(f"() => window.__reads.slice({start})")
+    whole = "\n".join(reads).split("|poll|")[1 : polls + 1]  # the poll running at the start is cut
+    return [[read for read in chunk.split("\n") if read] for chunk in whole]
+
+
+def test_console_reads_the_gateway_once_per_poll_when_it_serves_several_models(
+    browser: Browser, many: GatewayProcess
+) -> None:
+    with console_page(browser, f"http://{many.http_url}") as console:
+        console.page.add_init_script(COUNT_READS)
+        console.open_link()
+        expect(console.page.locator("article.model")).to_have_count(7)
+        assert polls_after(console, 3) == [["/admin/console/models"]] * 3  # was 1 + 2 per model: 15 here
+
+        console.page.get_by_role("link", name="Events").click()
+        expect(console.page.locator("#events-table tbody tr").first).to_be_visible()
+        assert polls_after(console, 2) == [["/admin/events"]] * 2  # was one per model
+        console.page.get_by_label("Model", exact=True).select_option("mlp_c")
+        expect(console.page.locator('#events-table tbody tr[data-model="mlp_c"]').first).to_be_visible()
+        assert polls_after(console, 2) == [["/admin/models/mlp_c/events"]] * 2
+        assert console.problems == []
+
+
+def test_console_shows_every_model_when_one_has_no_version_routed(browser: Browser, many: GatewayProcess) -> None:
+    """A model none of whose versions loads has no live figures (its own read answers 404): the page shows it first,
+    not ready, and every other model as usual; it does not give up the whole update."""
+    with console_page(browser, f"http://{many.http_url}") as console:
+        console.open_link()
+        expect(console.page.locator("article.model")).to_have_count(7)
+        broken = console.model("broken")
+        expect(console.page.locator("article.model").first).to_have_attribute("data-model", "broken")
+        expect(broken.locator(".badge")).to_have_text("not ready")
+        expect(broken.locator(".part.live")).to_contain_text("No figures: no version of it is routed yet.")
+        expect(console.field("mlp_d", "stable")).to_have_text("v2")
+        expect(console.page.locator("#trouble")).to_have_text("")
         assert console.problems == []

@@ -66,14 +66,14 @@ def test_console_shows_a_zero_rate_and_no_latency_when_the_model_has_had_no_requ
 
 HOLD_A_READ = """
 (() => {
-  // The next read of the model's status is answered by the gateway at once and handed to the page only when the test
-  // says so: a poll that a newer one overtakes, as on a slow link or a page polling many models.
+  // The next read of the models (the poll's one read) is answered by the gateway at once and handed to the page only
+  // when the test says so: a poll that a newer one overtakes, as on a slow link.
   const fetched = window.fetch.bind(window);
   window.__hold = { armed: false, held: false, release: null, delivered: false };
   window.fetch = async (input, init) => {
     const response = await fetched(input, init);
     const hold = window.__hold;
-    if (hold.armed && new URL(String(input), location.href).pathname === "/admin/models/mlp") {
+    if (hold.armed && new URL(String(input), location.href).pathname === "/admin/console/models") {
       hold.armed = false;
       hold.held = true;
       await new Promise((resolve) => { hold.release = resolve; });

@@ -5,6 +5,7 @@ within a second, both come back with the same routing after a restart, concurren
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -200,3 +201,58 @@ def test_a_replica_whose_repository_lacks_a_version_kept_loaded_elsewhere_follow
         assert wait_until(lambda: view(b)["routing"]["generation"] == generation, 10), view(b)
         assert view(b)["problem"] is None
         assert served(b) == "2"
+
+
+@pytest.mark.slow
+def test_replicas_show_the_audit_events_recorded_during_a_redis_outage_in_order_with_their_times_once_it_returns(
+    cluster: tuple[RedisServer, GatewayProcess, GatewayProcess], tmp_path: Path
+) -> None:
+    """What an operator reads after an outage has no gap where things happened: each replica kept the events it
+    recorded while Redis was down and wrote them once it was back, each with the time it happened, once."""
+    import datetime as dt  # only this test reads clocks
+
+    redis, a, b = cluster
+    root = tmp_path / "repository"
+
+    def new_version(gateway: GatewayProcess, version: int) -> None:
+        """A version appears on disk (moved in whole, as an operator would) and the gateway's scan lists it: a
+        ``scan`` event."""
+        if not (root / "mlp" / str(version)).exists():
+            shutil.copytree(root / "mlp" / "2", tmp_path / f"incoming-{version}")
+            (tmp_path / f"incoming-{version}").rename(root / "mlp" / str(version))
+        scanned = httpx.post(f"http://{gateway.http_url}/admin/repository/scan", headers=ADMIN)
+        assert scanned.status_code == 200, scanned.text
+        assert scanned.json()["new_versions"] == {"mlp": [version]}, scanned.text
+
+    def scans(gateway: GatewayProcess) -> list[tuple[str, list[int], str]]:
+        """The ``scan`` events a replica reads (time, new versions, its pending mark: absent once shared)."""
+        answer = httpx.get(f"http://{gateway.http_url}/admin/models/mlp/events", headers=ADMIN)
+        if answer.status_code != 200:
+            return []
+        return [(e["time"], e["detail"]["new_versions"], str(e.get("pending", "shared")))
+                for e in answer.json()["events"] if e["action"] == "scan"]
+
+    down_at = dt.datetime.now(dt.UTC)
+    redis.kill()
+    new_version(a, 3)
+    new_version(b, 3)
+    new_version(a, 4)
+    back_at = dt.datetime.now(dt.UTC)
+    unread = httpx.get(f"http://{a.http_url}/admin/models/mlp/events", headers=ADMIN)
+    assert unread.status_code == 503, unread.text  # not a traceback: the log cannot be read, and how much is kept
+    assert unread.json()["error"].startswith("the audit log cannot be read: "), unread.text
+    pending = re.search(r"^switchyard_audit_events_pending (\S+)$", httpx.get(f"http://{a.http_url}/metrics").text,
+                        re.MULTILINE)
+    assert pending is not None
+    assert float(pending[1]) == 2  # a's two scans wait for Redis
+    redis.start()
+
+    def both_show_three() -> bool:
+        return len(scans(a)) == len(scans(b)) == 3
+
+    assert wait_until(both_show_three, 10, interval_s=0.1), (scans(a), scans(b))
+    shown = scans(a)
+    assert scans(b) == shown
+    assert [(versions, mark) for _, versions, mark in shown] == [([3], "shared"), ([3], "shared"), ([4], "shared")]
+    times = [dt.datetime.fromisoformat(time) for time, _, _ in shown]
+    assert down_at <= times[0] <= times[1] <= times[2] <= back_at, shown

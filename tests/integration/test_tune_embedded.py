@@ -5,22 +5,40 @@ one tuning at a time."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from tritonclient.grpc import model_config_pb2 as mc
 
+from services.gateway.repository import Catalog, ModelEntry
+from services.gateway.tensors.types import InferInput
+from services.gateway.tuning.candidates import Candidate, current
+from services.gateway.tuning.hosts import TRIAL_PREFIX, EmbeddedTrials
+from services.gateway.tuning.options import TuneOptions
+from services.gateway.tuning.results import winner
+from services.gateway.tuning.search import Search, SearchState
 from services.modelrepo.config import read_config
 from services.modelrepo.layout import CONFIG_FILE
 from services.ops.tune_views import summary_lines
+from tests.gateway_harness import RunningGateway
 from tests.tuning_support import (
     FIXED_BATCH,
+    HEADERS,
+    NO_ENVIRONMENT,
     QUICK,
+    TOKEN,
     LeakWatch,
+    admin_settings,
     copy_models,
     embedded_gateway,
     fixed_batch_model,
@@ -30,7 +48,7 @@ from tests.tuning_support import (
     tune,
     wait_finished,
 )
-from tests.waiting import wait_until
+from tests.waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow  # real trials, measured against the clock
 
@@ -259,3 +277,233 @@ def test_tune_keeps_gateway_answering_when_trial_requests_are_refused_at_once(
     assert "the batch queue is full" in measured["error"]
     assert len(stalls) >= 10
     assert max(stalls) < 0.5, sorted(stalls)[-3:]  # a refused trial request never holds the gateway's event loop
+
+
+class StagedHost:
+    """The real embedded trial host with two stage directions, so that the confirmations overrun their time with a
+    known order of finalists: the current config's trials answer 3 ms later than they would (it ranks below two
+    faster settings, as a search that finds better ones sees it), and the second confirmation's load lasts until the
+    budget is nearly spent (a trial load far slower than the search planned for, on a busy machine)."""
+
+    def __init__(self, real: EmbeddedTrials, defaults: Candidate, state: SearchState, budget_s: float) -> None:
+        self._real = real
+        self._defaults = defaults
+        self._state = state
+        self._deadline = state.started + budget_s
+        self._candidates: dict[str, Candidate] = {}
+        self.confirmed: list[Candidate] = []
+
+    async def load(self, name: str, config: mc.ModelConfig, entry: ModelEntry, version: int) -> None:
+        if self._state.curve is not None:  # a trial, not the batch-latency curve's probe
+            self._candidates[name] = current(config)
+        if self._state.phase.startswith("confirming"):
+            self.confirmed.append(current(config))
+            if len(self.confirmed) == 2:
+                await asyncio.sleep(max(self._deadline - time.monotonic() - 0.05, 0.0))
+        await self._real.load(name, config, entry, version)
+
+    async def infer(self, name: str, version: int, inputs: list[InferInput]) -> None:
+        if self._candidates.get(name) == self._defaults:
+            await asyncio.sleep(0.003)
+        await self._real.infer(name, version, inputs)
+
+    async def unload(self, name: str) -> None:
+        await self._real.unload(name)
+
+    async def close(self) -> None:
+        await self._real.close()
+
+    def server_pids(self) -> list[int]:
+        return self._real.server_pids()
+
+
+async def test_tune_confirms_current_config_and_best_finalist_when_confirmations_overrun(
+    repository: Path, tmp_path: Path
+) -> None:
+    models = copy_models(repository, tmp_path / "repository", "mlp")
+    catalog = Catalog(models)
+    catalog.scan()
+    entry = catalog.entry("mlp")
+    defaults = current(entry.config)
+    options = TuneOptions(p99_ms=1000, concurrency=(2,), duration_s=0.2, budget_s=15)
+    state = SearchState()
+    host = StagedHost(EmbeddedTrials(admin_settings(models)), defaults, state, options.budget_s)
+    try:
+        trials = await Search(host, entry, entry.available[-1], options, max_instances=2, state=state).run()
+    finally:
+        await host.close()
+    # Three finalists: the two fastest settings that met the SLO, and the current config, which met it too.
+    full = [t for t in trials if t.round == 1 and t.meets(options.p99_ms, options.concurrency)]
+    by_speed = [t.candidate for t in sorted(full, key=lambda t: t.throughput, reverse=True)]
+    assert len(by_speed) >= 3, [t.candidate.label for t in trials]
+    assert defaults in by_speed[2:], [t.candidate.label for t in trials]
+    best, second = by_speed[:2]
+    # Two confirmations fitted: the current config's (the baseline the winner must beat) and the best finalist's.
+    # The one left unconfirmed is the second-best, never the best: a setting left unconfirmed cannot win.
+    confirmed = [t.candidate for t in trials if t.round == 2]
+    assert host.confirmed == confirmed
+    assert set(confirmed) == {defaults, best}, [c.label for c in confirmed]
+    assert second not in confirmed
+    found = winner(trials, options.p99_ms, options.concurrency)
+    assert found is not None
+    assert found.candidate == best
+
+
+SWITCHYARD = Path(sys.executable).with_name("switchyard")
+
+
+def cancel_run(gateway: RunningGateway, model: str) -> httpx.Response:
+    return httpx.delete(f"http://{gateway.http_url}/admin/models/{model}/tune", headers=HEADERS, timeout=60)
+
+
+def routing_of(gateway: RunningGateway, model: str) -> dict[str, object]:
+    status = httpx.get(f"http://{gateway.http_url}/admin/models/{model}", headers=HEADERS).json()
+    return {"routing": status["routing"], "loaded": status["loaded"], "traffic": status["traffic"]}
+
+
+def trial_folders() -> set[Path]:
+    """The embedded trial hosts' private repositories (one per run, removed when it ends)."""
+    return set(Path(tempfile.gettempdir()).glob(f"{TRIAL_PREFIX}*"))
+
+
+def test_tune_cancels_run_on_gateway_when_command_is_interrupted(repository: Path, tmp_path: Path) -> None:
+    models = copy_models(repository, tmp_path / "repository", "mlp")
+    config = models / "mlp" / CONFIG_FILE
+    before = config.read_bytes()
+    folders = trial_folders()
+    environment = {k: v for k, v in os.environ.items() if k not in NO_ENVIRONMENT}
+    with embedded_gateway(models) as gateway:
+        routing = routing_of(gateway, "mlp")
+        command = [str(SWITCHYARD), "tune", "mlp", "--p99-ms", "100", "--write", "--budget-s", "60", "--duration", "5",
+                   "--concurrency", "2", "--url", f"http://{gateway.http_url}", "--token", TOKEN,
+                   "--plot", str(tmp_path / "pareto.png")]
+        with subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) as process:
+            try:
+                def driven() -> bool:  # a trial is loaded and driven beside the serving version
+                    in_progress = str(run_status(gateway, "mlp").json().get("in_progress"))
+                    return in_progress.startswith("trial ") and bool(trial_threads())
+
+                assert wait_until(driven, 30), run_status(gateway, "mlp").text
+                process.send_signal(signal.SIGINT)  # what Ctrl-C sends
+                out, err = process.communicate(timeout=60)
+            finally:
+                if process.poll() is None:
+                    process.kill()
+        # The command cancelled the run and said what that did, and exited as an interrupted command does.
+        assert process.returncode == 130, err
+        assert "Traceback" not in err
+        assert TOKEN not in out + err
+        run = run_status(gateway, "mlp").json()
+        assert run["status"] == "cancelled"
+        cancelled = run["cancelled"]
+        assert cancelled["by"].startswith("token:")
+        assert cancelled["at"]
+        assert cancelled["stopped"].startswith("trial ")
+        assert run["error"].startswith(f"cancelled by {cancelled['by']} at {cancelled['at']} while ")
+        assert f"{cancelled['stopped']} was ended and unloaded" in run["error"]
+        assert err.strip().splitlines()[-1] == (
+            f"cancelled: the tuning run of 'mlp' stopped while {cancelled['phase']}; {cancelled['stopped']} was "
+            f"ended and unloaded; {len(run['trials'])} trial{'s' if len(run['trials']) != 1 else ''} measured, none "
+            f"left loaded, nothing written"
+        )
+        # Nothing of the run goes on or is left: no trial runtime, no private repository, the model's config and
+        # routing as they were; the audit log names who cancelled it.
+        assert run["in_progress"] is None
+        assert wait_until(lambda: not trial_threads(), 5), trial_threads()
+        assert trial_folders() <= folders
+        assert routing_of(gateway, "mlp") == routing
+        events = httpx.get(f"http://{gateway.http_url}/admin/models/mlp/events", headers=HEADERS).json()["events"]
+        assert [(e["action"], e["result"], e["actor"]) for e in events if e["action"] == "tune"] == [
+            ("tune", "unchanged", cancelled["by"])
+        ]
+        # It has ended for good: a cancel again is refused naming why, and the next run may start at once.
+        again = cancel_run(gateway, "mlp")
+        assert again.status_code == 409
+        assert again.json()["error"] == (
+            f"the tuning run of model 'mlp' has already ended (cancelled, cancelled by {cancelled['by']}): there is "
+            f"nothing to cancel"
+        )
+        assert run_status(gateway, "mlp").json()["trials"] == run["trials"]
+    assert config.read_bytes() == before
+    assert sorted(p.name for p in (models / "mlp").iterdir()) == sorted(p.name for p in (repository / "mlp").iterdir())
+
+
+def test_tune_api_cancel_answers_404_or_409_naming_why_when_there_is_no_running_run(
+    repository: Path, tmp_path: Path
+) -> None:
+    models = copy_models(repository, tmp_path / "repository", "mlp")
+    with embedded_gateway(models) as gateway:
+        never = cancel_run(gateway, "mlp")
+        assert never.status_code == 404
+        assert never.json()["error"] == (
+            "model 'mlp' has no tuning run to cancel: it has not been tuned since the gateway started"
+        )
+        unknown = cancel_run(gateway, "nope")
+        assert unknown.status_code == 404
+        assert "nope" in unknown.json()["error"]
+        assert start_run(gateway, "mlp", p99_ms=100, budget_s=5, duration_s=0.2, concurrency=[2]).status_code == 202
+        finished = wait_finished(gateway, "mlp", 15)
+        assert finished["status"] == "succeeded", finished["error"]
+        ended = cancel_run(gateway, "mlp")
+        assert ended.status_code == 409
+        assert ended.json()["error"] == (
+            "the tuning run of model 'mlp' has already ended (succeeded): there is nothing to cancel"
+        )
+        after = run_status(gateway, "mlp").json()
+        assert (after["status"], after["cancelled"], after["trials"]) == ("succeeded", None, finished["trials"])
+
+
+class HeldUnload:
+    """The real embedded trial host whose unloads wait to be let go: a slow unload (Triton loading the serving
+    config back after an in-place trial takes seconds) for a cancellation to land in."""
+
+    def __init__(self, real: EmbeddedTrials) -> None:
+        self._real = real
+        self.unloading = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def load(self, name: str, config: mc.ModelConfig, entry: ModelEntry, version: int) -> None:
+        await self._real.load(name, config, entry, version)
+
+    async def infer(self, name: str, version: int, inputs: list[InferInput]) -> None:
+        await self._real.infer(name, version, inputs)
+
+    async def unload(self, name: str) -> None:
+        self.unloading.set()
+        await self.release.wait()
+        await self._real.unload(name)
+
+    async def close(self) -> None:
+        await self._real.close()
+
+    def server_pids(self) -> list[int]:
+        return self._real.server_pids()
+
+
+async def test_tune_unloads_trial_when_run_is_cancelled_while_it_unloads(repository: Path, tmp_path: Path) -> None:
+    models = copy_models(repository, tmp_path / "repository", "mlp")
+    catalog = Catalog(models)
+    catalog.scan()
+    entry = catalog.entry("mlp")
+    options = TuneOptions(
+        p99_ms=1000, concurrency=(2,), duration_s=0.2, budget_s=30, candidates=(current(entry.config),)
+    )
+    state = SearchState()
+    host = HeldUnload(EmbeddedTrials(admin_settings(models)))
+    search = Search(host, entry, entry.available[-1], options, max_instances=1, state=state)
+    run = asyncio.create_task(search.run())
+    try:
+        assert await asyncio.wait_for(host.unloading.wait(), 30)
+        assert trial_threads()  # measured, and loaded still
+        run.cancel()  # as DELETE /admin/models/mlp/tune does
+        await asyncio.sleep(0)  # one turn of the loop: the run has its cancellation now, before the unload goes on
+        host.release.set()
+        await asyncio.wait({run}, timeout=30)
+        assert run.cancelled()
+        # The unload went to its end before the run ended: nothing is left for the host's close to find.
+        assert await wait_until_async(lambda: not trial_threads(), 5), trial_threads()
+        assert state.in_progress is None
+    finally:
+        run.cancel()
+        await host.close()

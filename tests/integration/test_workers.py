@@ -166,6 +166,7 @@ def test_the_consoles_live_figures_count_the_whole_node(node: GatewayProcess) ->
         assert wait_until(taken), "no live reading came"
         return found
 
+    assert on_new_connection(node, FREE)[0] == 200  # a version with figures: the series lists points under it
     read_after(time.time())  # watched now, and a reading before the traffic
     sent_after = time.time()
     for _ in range(200):
@@ -173,6 +174,36 @@ def test_the_consoles_live_figures_count_the_whole_node(node: GatewayProcess) ->
     points = read_after(time.time())  # a reading after it
     counted = sum(int(point["requests"]) for point in points if float(point["t"]) > sent_after)
     assert counted == 200  # worker 0's own figures would hold only its share
+
+
+def test_the_consoles_bulk_read_is_the_nodes_view_through_either_worker(node: GatewayProcess) -> None:
+    """``GET /admin/console/models`` (the console's one read per poll) is answered by worker 0 for the node, as the
+    per-model reads are: its live figures count both workers' requests, through whichever worker takes the call."""
+    bulk = f"http://{node.http_url}/admin/console/models"
+
+    def mlp() -> dict[str, Any]:
+        (model,) = httpx.get(bulk, headers=ADMIN, params={"minutes": 1, "step": 1}).json()["models"]
+        assert model["name"] == "mlp"
+        return dict(model)
+
+    def counted_after(moment: float) -> int:
+        return sum(int(point["requests"]) for version in mlp()["live"]["versions"] for point in version["points"]
+                   if float(point["t"]) > moment)
+
+    def read_since(moment: float) -> bool:
+        """Worker 0 has taken a reading after ``moment`` (it reads every second while watched; the shadow's list has
+        a point per reading, whatever was served)."""
+        return any(float(point["t"]) > moment for point in mlp()["live"]["shadow"])
+
+    assert wait_until(lambda: read_since(time.time())), "no live reading came"  # watched now, a reading before
+    sent_after = time.time()
+    for _ in range(200):
+        assert on_new_connection(node, FREE)[0] == 200  # over both workers
+    assert wait_until(lambda: read_since(time.time())), "no live reading came"
+    # A connection each: the kernel hands them to either worker, and each answer counts the node's 200.
+    assert [counted_after(sent_after) for _ in range(6)] == [200] * 6
+    status = httpx.get(f"http://{node.http_url}/admin/models/mlp", headers=ADMIN).json()
+    assert mlp()["status"]["routing"] == status["routing"]
 
 
 def test_a_rate_limit_holds_for_the_node_not_each_worker(node: GatewayProcess) -> None:

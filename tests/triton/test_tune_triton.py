@@ -1,6 +1,6 @@
 """``switchyard tune`` on the Triton backend, against a real local Triton: each trial config loads into Triton
 under a private name beside the serving model (which keeps answering), none shows to the gateway's clients, and
-every trial is unloaded from Triton, also when the gateway stops in the middle of a run."""
+every trial is unloaded from Triton, also when the gateway stops in the middle of a run or the run is cancelled."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import tritonclient.grpc as grpcclient
 
@@ -16,7 +17,7 @@ from services.gateway.tuning.hosts import trial_name
 from services.tritonlocal import LocalTriton
 from tests.gateway_harness import RunningGateway
 from tests.triton.support import gateway_settings, local_gateway
-from tests.tuning_support import TOKEN, LeakWatch, start_run, tune
+from tests.tuning_support import HEADERS, TOKEN, LeakWatch, run_status, start_run, tune
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow  # real trials in a real Triton, measured against the clock
@@ -102,3 +103,31 @@ def test_tune_in_place_puts_serving_config_back_when_run_ends(
         assert ready_trials(triton, "mlp") == []
         assert client.get_model_config("mlp", as_json=True)["config"] == before
         assert all(client.is_model_ready("mlp", str(v)) for v in (1, 2))
+
+
+def test_tune_cancel_puts_serving_config_back_when_in_place_run_is_cancelled(
+    admin_gateway: RunningGateway, triton: LocalTriton
+) -> None:
+    base = f"http://{admin_gateway.http_url}"
+    routing = httpx.get(f"{base}/admin/models/mlp", headers=HEADERS).json()["routing"]
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        before = client.get_model_config("mlp", as_json=True)["config"]
+
+        def trial_served() -> bool:  # Triton serves 'mlp' with a trial's config now
+            run = run_status(admin_gateway, "mlp").json()
+            return bool(run["in_progress"]) and client.get_model_config("mlp", as_json=True)["config"] != before
+
+        started = start_run(admin_gateway, "mlp", p99_ms=2000, in_place=True, budget_s=60, duration_s=5,
+                            concurrency=[2])
+        assert started.status_code == 202, started.text
+        assert wait_until(trial_served, 60), run_status(admin_gateway, "mlp").text
+        cancelled = httpx.delete(f"{base}/admin/models/mlp/tune", headers=HEADERS, timeout=120)
+        assert cancelled.status_code == 200, cancelled.text
+        run = cancelled.json()
+        assert run["status"] == "cancelled"
+        assert run["in_progress"] is None, run
+        # Answered once the serving config was loaded back: production runs on what it ran on before the run.
+        assert client.get_model_config("mlp", as_json=True)["config"] == before
+        assert all(client.is_model_ready("mlp", str(v)) for v in (1, 2))
+    assert httpx.get(f"{base}/admin/models/mlp", headers=HEADERS).json()["routing"] == routing
+    assert run_status(admin_gateway, "mlp").json()["status"] == "cancelled"

@@ -134,7 +134,17 @@ class AdminEndpoints:
             model = _model(request)
             self._manager.catalog.entry(model)
             limit = whole_number(request.query_params.get("limit"), "limit", default=100, most=MAX_EVENTS)
-            return {"events": [event.to_json() for event in await self._manager.store.events(model, limit)]}
+            return {"events": [event.to_json() for event in await self._manager.audit_events(model, limit)]}
+
+        return await self._answer(request, act, operator=False)
+
+    async def all_events(self, request: Request) -> Response:
+        """The newest ``limit`` events of the audit log, every model's (the console's "All models": one read, not
+        one per model)."""
+
+        async def act(actor: str) -> Any:
+            limit = whole_number(request.query_params.get("limit"), "limit", default=100, most=MAX_EVENTS)
+            return {"events": [event.to_json() for event in await self._manager.audit_events(None, limit)]}
 
         return await self._answer(request, act, operator=False)
 
@@ -162,6 +172,14 @@ class AdminEndpoints:
             return self._tuning().status(_model(request)).to_json()
 
         return await self._answer(request, status, operator=False)
+
+    async def tune_cancel(self, request: Request) -> Response:
+        """Stops the model's running tuning run; answers once its trials are unloaded, with its final status."""
+
+        async def act(actor: str) -> Any:
+            return (await self._tuning().cancel(_model(request), actor)).to_json()
+
+        return await self._answer(request, act)
 
     def _tuning(self) -> TuneService:
         if self._tuner is None:

@@ -14,6 +14,7 @@ def add_admin_routes(app: FastAPI, endpoints: AdminEndpoints) -> None:
         ("/admin/models", endpoints.models, "GET"),
         ("/admin/models/{model_name}", endpoints.model, "GET"),
         ("/admin/models/{model_name}/events", endpoints.events, "GET"),
+        ("/admin/events", endpoints.all_events, "GET"),
         ("/admin/models/{model_name}/rollback", endpoints.rollback, "POST"),
         ("/admin/models/{model_name}/traffic", endpoints.traffic, "PUT"),
         ("/admin/models/{model_name}/shadow", endpoints.shadow, "PUT"),
@@ -24,4 +25,5 @@ def add_admin_routes(app: FastAPI, endpoints: AdminEndpoints) -> None:
         ("/admin/repository/scan", endpoints.scan, "POST"),
         ("/admin/models/{model_name}/tune", endpoints.tune_start, "POST"),
         ("/admin/models/{model_name}/tune", endpoints.tune_status, "GET"),
+        ("/admin/models/{model_name}/tune", endpoints.tune_cancel, "DELETE"),
     ])

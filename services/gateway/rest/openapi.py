@@ -288,6 +288,11 @@ def _admin_paths() -> Json:
         model: {"get": _admin("adminModel", "One model's status", "AdminModel", ("404",))},
         f"{model}/events": {"get": _admin("adminEvents", "The model's audit log", "AdminEvents", ("400", "404"),
                                           parameters=("model_name", "limit"))},
+        "/admin/events": {"get": _admin("adminAllEvents", "Every model's audit log: its newest events",
+                                        "AdminEvents", ("400",), parameters=("limit",))},
+        "/admin/console/models": {"get": _admin("adminConsoleModels", "Every model's status, live figures and last "
+                                                "swap in one answer (query: minutes, step)", "AdminReport", ("400",),
+                                                parameters=())},
         f"{model}/rollback": {"post": _admin("adminRollback", "Roll back to the previous version", "AdminReport",
                                              action, body="SwitchOptions")},
         f"{model}/traffic": {"put": _admin("adminTraffic", "Set or end a canary split", "AdminReport",
@@ -314,6 +319,9 @@ def _admin_paths() -> Json:
                                      "background (body: p99_ms, concurrency, duration_s, budget_s, write, ...)",
                                      "AdminReport", ("400", "404", "409", "503"))),
             "get": _admin("adminTuneStatus", "The tuning run's progress and result", "AdminReport", ("404", "503")),
+            "delete": _admin("adminTuneCancel", "Cancel the running tuning run: its trial in progress ends, every "
+                             "trial is unloaded, nothing is written; answers its final status (404: no run; 409: "
+                             "it has ended, or is writing its winner)", "AdminReport", ("404", "409", "503")),
         },
     }
 

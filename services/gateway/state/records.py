@@ -134,13 +134,21 @@ class Event:
     detail: dict[str, Any] = field(default_factory=dict)
     """Anything else worth keeping (an output comparison, versions found by a scan)."""
     time: str = field(default_factory=now_iso)
+    """When it happened, as recorded: an event written to the store later keeps it."""
+    pending: bool = False
+    """Only in reads: this gateway recorded it but the shared store (Redis) has not taken it yet, so the other
+    replicas do not show it yet (``redis_store``). Never stored, and left out of the JSON when false."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not self.pending:
+            del data["pending"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Event:
-        return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
+        # ``pending`` is this gateway's knowledge, never a stored event's.
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data and name != "pending"})
 
 
 def _exports(raw: object) -> dict[int, str]:

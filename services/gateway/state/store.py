@@ -36,10 +36,12 @@ class StateStore(Protocol):
         nothing (a crash during the call leaves the previous records intact)."""
 
     async def append_event(self, event: Event) -> None:
-        """Add one event to the audit log, durably."""
+        """Add one event to the audit log, durably; ``StateError`` when it cannot. A shared store that cannot take it
+        now keeps it in memory instead (bounded) and writes it, once and in order, when it can."""
 
     async def events(self, model: str | None = None, limit: int = 100) -> list[Event]:
-        """The newest ``limit`` events (of ``model``, when given), oldest first."""
+        """The newest ``limit`` events (of ``model``, when given), oldest first; with a shared store, those this
+        gateway keeps because the store could not take them yet are among them, marked ``pending``."""
 
     def lock(self, model: str, holder: str) -> AbstractAsyncContextManager[None]:
         """Held while a version action runs on ``model``, across every gateway sharing the store: ``StateBusy``

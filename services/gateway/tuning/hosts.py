@@ -14,6 +14,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Protocol
 
@@ -33,6 +34,25 @@ TRIAL_PREFIX = "switchyard-tune-"
 
 def trial_name(model: str, number: int) -> str:
     return f"{TRIAL_PREFIX}{model}-{number}"
+
+
+async def to_the_end(work: Awaitable[None]) -> None:
+    """Runs ``work`` (a host's load, unload or close) to its end even when the run is cancelled meanwhile, then
+    passes the cancellation on: cut short, an unload would leave a trial loaded (in place: the trial's config
+    serving production) with nothing left to unload it, and a load would leave one its unload does not know of."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():  # the work's own cancellation, not this caller's
+                raise
+            cancelled = True
+    if cancelled:  # what the caller hears of is its cancellation, whether or not the work failed meanwhile
+        task.exception()
+        raise asyncio.CancelledError
+    task.result()
 
 
 class TrialHost(Protocol):

@@ -1,8 +1,9 @@
 """``--write``: the winner becomes the model's ``config.pbtxt``. Under the repository's publish lock the old file
-is read and kept as ``config.pbtxt.bak-<time>``, the winner's settings are applied to it (so the new file is the old
-one with those four settings, whatever changed on disk during the run), written beside it, flushed, and renamed over
-it (readers see the old or the new file, never a part), and the trial table is recorded next to it as
-``tune-<time>.json``."""
+is read and kept as ``config.pbtxt.bak-<time>`` (on disk, its folder entry too, before anything is replaced: a power
+cut never leaves a rewritten config beside a missing or empty backup), the winner's settings are applied to it (so
+the new file is the old one with those four settings, whatever changed on disk during the run), written beside it,
+flushed, and renamed over it (readers see the old or the new file, never a part), and the trial table is recorded
+next to it as ``tune-<time>.json``."""
 
 from __future__ import annotations
 
@@ -49,13 +50,20 @@ def publish(repository: Path, model_dir: Path, winner: Candidate, table: dict[st
             raise PublishError(f"{target} is gone; nothing was written")
         config = _tuned(model_dir, winner)
         text = to_text(config)
-        shutil.copy2(target, backup)
+        _back_up(target, backup)
         replace_file(target, text.encode(), suffix=".partial")
         replace_file(table_path, (json.dumps(table, indent=2) + "\n").encode(), suffix=".partial")
         fsync_folder(model_dir)
     if read_config(model_dir) != config:  # what Triton and the gateway will read next
         raise PublishError(f"{target} does not read back as the config written; the old one is {backup}")
     return Published(target, backup, table_path)
+
+
+def _back_up(target: Path, backup: Path) -> None:
+    """``backup`` holds ``target``'s bytes and mode, durably: fsynced, and its folder entry too."""
+    replace_file(backup, target.read_bytes(), suffix=".partial")
+    shutil.copymode(target, backup)  # as readable as the config it keeps (a new file would be 0600)
+    fsync_folder(backup.parent)
 
 
 def _tuned(model_dir: Path, winner: Candidate) -> mc.ModelConfig:

@@ -18,7 +18,7 @@ from services.gateway.tensors.types import InferInput
 from services.gateway.tuning.candidates import Candidate, applied, current, unbatched
 from services.gateway.tuning.curve import measure_curve
 from services.gateway.tuning.drive import closed_loop
-from services.gateway.tuning.hosts import TrialHost, trial_name
+from services.gateway.tuning.hosts import TrialHost, to_the_end, trial_name
 from services.gateway.tuning.options import TuneOptions
 from services.gateway.tuning.requests import request_rows
 from services.gateway.tuning.results import Measurement, Trial, qualifies, score
@@ -42,6 +42,8 @@ class SearchState:
     curve: Curve | None = None
     space: Space | None = None
     started: float = field(default_factory=time.monotonic)
+    in_progress: str | None = None
+    """The trial loaded and driven now (``trial 4 (i2 d500us p[8] b32)``), ``None`` between trials."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,6 +52,7 @@ class SearchState:
             "elapsed_s": round(time.monotonic() - self.started, 2),
             "curve": self.curve.to_json() if self.curve is not None else None,
             "space": self.space.to_json() if self.space is not None else None,
+            "in_progress": self.in_progress,
             "trials": [t.to_json() for t in self.trials],
         }
 
@@ -83,11 +86,15 @@ class Search:
             return await self._measure(list(self._options.candidates), current(config))
         self.state.phase = "measuring the batch-latency curve"
         name = self._name(0)
-        await self._load(name, unbatched(config, name=name))
+        self.state.in_progress = "the batch-latency curve's trial (one instance, no batcher)"
         try:
+            await self._load(name, unbatched(config, name=name))
             latencies = await measure_curve(self._host, name, self._version, self._requests)
         finally:
-            await self._host.unload(name)
+            try:
+                await to_the_end(self._host.unload(name))
+            finally:
+                self.state.in_progress = None
         curve = self.state.curve = Curve(latencies)
         space = self.state.space = derive(curve, self._options.p99_ms, max_instances=self._max_instances)
         log.info("tuning '%s': curve %s, space %s", self._entry.name, curve.to_json(), space.to_json())
@@ -119,10 +126,12 @@ class Search:
         finalists = self._finalists(defaults)
         fits = int(self._left() // top_cost)
         # The winner comes from the confirmed finalists (results.contenders), so a finalist left unconfirmed for want
-        # of budget could not win: confirm the best ones the budget fits (the current settings, ranked last, drop
-        # first), and none when it fits fewer than two to compare, leaving the first full runs to decide.
+        # of budget cannot win. They are confirmed in the order they are kept in, so that what the budget leaves out,
+        # whether it is known now (``fits``) or only when the confirmations overrun their time, is the least needed
+        # one: never the current settings (the baseline a winner must beat) nor the best one for a worse one. None
+        # when it fits fewer than two to compare, leaving the first full runs to decide.
         finalists = finalists[:fits] if fits >= min(len(finalists), FINALISTS) else []
-        for candidate in reversed(finalists):  # the other order than their first runs: drift evens out
+        for candidate in finalists:
             if self._left() < top_cost:
                 break
             await self._trial(2, candidate, candidate == defaults, top, self._options.duration_s)
@@ -145,11 +154,14 @@ class Search:
         return self.state.trials
 
     def _finalists(self, defaults: Candidate) -> list[Candidate]:
-        """The best candidates meeting the SLO so far, by throughput at the highest level, and the current ones."""
+        """The best candidates meeting the SLO so far and the current ones (when they meet it), in the order they
+        are kept when the budget cannot confirm them all: the current ones first (what a winner is compared with),
+        then the others by throughput at the highest level (the best before a worse one)."""
         levels, trials = self._options.concurrency, self.state.trials
         meeting = {t.candidate for t in trials if t.round == 1 and qualifies(trials, t.candidate, self._p99, levels)}
         best = sorted(meeting, key=lambda c: score(trials, c, levels[-1]), reverse=True)[:FINALISTS]
-        return best + ([defaults] if defaults in meeting and defaults not in best else [])
+        baseline = [defaults] if defaults in meeting else []
+        return baseline + [c for c in best if c != defaults]
 
     async def _trial(
         self, round_: int, candidate: Candidate, default: bool, levels: tuple[int, ...], duration_s: float
@@ -158,6 +170,7 @@ class Search:
         name = self._name(number)
         measurements: list[Measurement] = []
         error = None
+        self.state.in_progress = f"trial {number} ({candidate.label})"
         try:
             await self._load(name, applied(self._entry.config, candidate, name=name))
             one = self._requests[min(self._requests)]
@@ -175,7 +188,10 @@ class Search:
             error = str(exc)
             log.warning("tuning '%s': trial %d (%s) failed: %s", self._entry.name, number, candidate.label, exc)
         finally:
-            await self._host.unload(name)
+            try:
+                await to_the_end(self._host.unload(name))
+            finally:
+                self.state.in_progress = None
         trial = Trial(number, round_, candidate, default, tuple(measurements), error)
         self.state.trials.append(trial)
         figures = "; ".join(
@@ -187,7 +203,7 @@ class Search:
 
     async def _load(self, name: str, config: mc.ModelConfig) -> None:
         began = time.monotonic()
-        await self._host.load(name, config, self._entry, self._version)
+        await to_the_end(self._host.load(name, config, self._entry, self._version))
         self._load_s = max(self._load_s * 0.5 + (time.monotonic() - began) * 0.5, 0.05)
 
     def _rank(self, trial: Trial) -> tuple[bool, float]:

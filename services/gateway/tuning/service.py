@@ -1,5 +1,6 @@
 """The tuner inside the gateway: one run at a time in the background (``POST /admin/models/{m}/tune``), its
-progress and result per model (``GET``), and a cancelled run that unloads its trials when the gateway stops."""
+progress and result per model (``GET``), and its cancellation (``DELETE``, or the gateway stopping), which ends the
+trial in progress and unloads every trial before it answers."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from services.gateway.backends.triton import TritonBackend
 from services.gateway.errors import Conflict, GatewayError, InvalidInput, ModelNotFound
 from services.gateway.state import Event
+from services.gateway.state.records import now_iso
 from services.gateway.tuning.candidates import untunable
-from services.gateway.tuning.hosts import EmbeddedTrials, TrialHost
+from services.gateway.tuning.hosts import EmbeddedTrials, TrialHost, to_the_end
 from services.gateway.tuning.options import TuneOptions
 from services.gateway.tuning.publish import PublishError, publish
 from services.gateway.tuning.results import (
@@ -52,6 +54,10 @@ class TuneRun:
     winner: Trial | None = None
     published: dict[str, str] | None = None
     finished_s: float | None = None
+    cancelled: dict[str, str | None] | None = None
+    """Who cancelled the run (``DELETE``), when, in which phase, and the trial that was ended then."""
+    publishing: bool = False
+    """The winner is being written: a cancel now would leave config.pbtxt's write unfinished, so it is refused."""
 
     def to_json(self) -> dict[str, Any]:
         trials = self.state.trials
@@ -72,6 +78,7 @@ class TuneRun:
             "pareto_front": [t.number for t in pareto_front(trials)],
             "best_p99_ms": best_p99_ms(trials),
             "published": self.published,
+            "cancelled": self.cancelled,
             "duration_s": self.finished_s,
             **self.state.to_json(),
         }
@@ -127,20 +134,66 @@ class TuneService:
             raise ModelNotFound(f"model '{model}' has not been tuned since the gateway started")
         return run
 
+    async def cancel(self, model: str, actor: str) -> TuneRun:
+        """Stop the model's running run and answer once it has stopped: the trial in progress ended, every trial
+        unloaded (an in-place one: the serving config loaded back), nothing written. 404 when the model has no run,
+        409 when its run has ended or is writing its winner."""
+        self._manager.catalog.entry(model)
+        run = self._runs.get(model)
+        if run is None:
+            raise ModelNotFound(
+                f"model '{model}' has no tuning run to cancel: it has not been tuned since the gateway started"
+            )
+        task = self._task
+        if run.status != "running" or task is None or task.done():
+            raise Conflict(
+                f"the tuning run of model '{model}' has already ended ({run.status}"
+                f"{', cancelled by ' + str(run.cancelled['by']) if run.cancelled else ''}): there is nothing to cancel"
+            )
+        if run.publishing:
+            raise Conflict(
+                f"the tuning run of model '{model}' is writing its winner to config.pbtxt and is not cancelled "
+                f"mid-write; it ends in moments: GET /admin/models/{model}/tune says how it ended"
+            )
+        run.cancelled = {"by": actor, "at": now_iso(), "phase": run.state.phase, "stopped": run.state.in_progress}
+        task.cancel()
+        await asyncio.wait({task})  # not `await task`: its CancelledError is not this request's
+        if run.status == "running":  # cancelled before its first step: nothing of it ran
+            self._cancelled(run)
+            run.finished_s = round(time.monotonic() - run.state.started, 2)
+        await self._manager.record(
+            Event("tune", model, "unchanged", {"version": run.version}, error=run.error, actor=actor,
+                  detail={"cancelled": run.cancelled, "trials": len(run.state.trials)})
+        )
+        return run
+
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    @staticmethod
+    def _cancelled(run: TuneRun) -> None:
+        run.status = "cancelled"
+        if run.cancelled is None:
+            run.error = "the gateway stopped during the run"
+            return
+        stopped = run.cancelled["stopped"]
+        run.error = (
+            f"cancelled by {run.cancelled['by']} at {run.cancelled['at']} while {run.cancelled['phase']}"
+            + (f": {stopped} was ended and unloaded" if stopped else "")
+            + "; nothing was written"
+        )
+
     async def _run(self, run: TuneRun) -> None:
         host = self._host()
-        # The config on disk is what the trials vary and what --write replaces (a run may have written it since the
-        # version loaded): read it again.
-        entry = await asyncio.to_thread(self._manager.catalog.refresh, run.model, run.version)
-        limit = max_instances(entry.config)
-        search = Search(host, entry, run.version, run.options, max_instances=limit, state=run.state)
         try:
+            # The config on disk is what the trials vary and what --write replaces (a run may have written it since
+            # the version loaded): read it again.
+            entry = await asyncio.to_thread(self._manager.catalog.refresh, run.model, run.version)
+            limit = max_instances(entry.config)
+            search = Search(host, entry, run.version, run.options, max_instances=limit, state=run.state)
             problem = untunable(entry.config)  # checked at start, but the file may have changed since
             if problem is not None:
                 raise InvalidInput(f"model '{run.model}' cannot be tuned: {problem}")
@@ -149,12 +202,16 @@ class TuneService:
             if run.winner is None:
                 run.status, run.error = "failed", _no_winner(trials, run.options)
             elif run.options.write:
-                run.published = await self._publish(run, run.winner)
+                run.publishing = True
+                try:
+                    run.published = await self._publish(run, run.winner)
+                finally:
+                    run.publishing = False
                 run.status = "succeeded"
             else:
                 run.status = "succeeded"
         except asyncio.CancelledError:
-            run.status, run.error = "cancelled", "the gateway stopped during the run"
+            self._cancelled(run)
             raise
         except (GatewayError, PublishError, OSError) as exc:
             run.status, run.error = "failed", str(exc)
@@ -164,7 +221,7 @@ class TuneService:
             log.exception("tuning '%s' failed", run.model)
         finally:
             run.finished_s = round(time.monotonic() - run.state.started, 2)
-            await host.close()
+            await to_the_end(host.close())
 
     async def _publish(self, run: TuneRun, best: Trial) -> dict[str, str]:
         entry = self._manager.catalog.entry(run.model)

@@ -386,6 +386,14 @@ class VersionManager:
     async def _followed(self, model: str, record: RoutingRecord) -> None:
         await follow(self, model, record)
 
+    async def audit_events(self, model: str | None, limit: int) -> list[Event]:
+        """The newest ``limit`` events of the audit log (``model``'s, or every model's); a store that cannot be read
+        (Redis down) is a 503 naming why, not a traceback."""
+        try:
+            return list(await self.store.events(model, limit))
+        except StateError as exc:
+            raise BackendUnavailable(f"the audit log cannot be read: {exc}") from None
+
     def loaded_now(self, model: str, *, plus: set[int] | None = None, minus: set[int] | None = None) -> tuple[int, ...]:
         """What a routing record says is loaded: the ready versions, with what the action is about to add or drop."""
         ready = {v for v, state in self.backend.models().get(model, {}).items() if state is VersionState.READY}

@@ -10,7 +10,6 @@ const PROGRESS_MS = 250;
 const LIVE = { minutes: 5, step: 2 };
 const FRESH_S = 10; // how far back (gateway seconds) the 5xx rate and latencies shown as "now" may come from
 const SWAP_STEPS = ["load", "warmup", "compare", "flip", "drain", "unload"];
-const SWAPS = new Set(["activate", "rollback"]);
 const RECENT_MS = 15 * 60 * 1000;
 const FILTER_PARAM = "filter";
 
@@ -33,7 +32,6 @@ const state = {
   view: null,
   names: [],
   cards: new Map(),
-  swaps: new Map(),
   timer: null,
   generation: 0,
   dialogs: 0,
@@ -336,17 +334,13 @@ function dropCards() {
 
 // -- models -----------------------------------------------------------------------------------------------------
 
+// One read per poll, however many models (GET /admin/console/models: each model's status, live figures and last
+// swap): the page is opened when the gateway is in trouble, and a read per model would add to it.
 async function refreshModels(generation) {
-  const overview = await api("GET", "/admin/models");
-  const names = overview.models.map((model) => model.name);
-  state.names = names;
-  const query = `minutes=${LIVE.minutes}&step=${LIVE.step}`;
-  const [statuses, lives] = await Promise.all([
-    Promise.all(names.map((name) => api("GET", `/admin/models/${enc(name)}`))),
-    Promise.all(names.map((name) => api("GET", `/admin/models/${enc(name)}/live?${query}`))),
-  ]);
-  await Promise.all(statuses.map((status) => lastSwap(status)));
+  const { models } = await api("GET", `/admin/console/models?minutes=${LIVE.minutes}&step=${LIVE.step}`);
   current(generation);
+  const names = models.map((model) => model.name);
+  state.names = names;
   for (const [name, card] of state.cards) {
     if (!names.includes(name)) {
       card.root.remove();
@@ -355,7 +349,7 @@ async function refreshModels(generation) {
   }
   stale(false); // read: the render below sets what is disabled by the state itself
   const now = Date.now();
-  const rows = names.map((name, i) => ({ name, status: statuses[i], live: lives[i], reasons: attention(statuses[i], now) }));
+  const rows = models.map((model) => ({ ...model, reasons: attention(model.status, now) }));
   rows.sort((a, b) => rank(a) - rank(b) || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   for (const row of rows) {
     let card = state.cards.get(row.name);
@@ -363,7 +357,7 @@ async function refreshModels(generation) {
       card = buildCard(row.name);
       state.cards.set(row.name, card);
     }
-    renderCard(card, row.status, row.live);
+    renderCard(card, row.status, row.live, row.last_swap);
     renderReasons(card, row.reasons);
   }
   const container = $("models");
@@ -459,16 +453,6 @@ function filterChanged() {
   else url.searchParams.delete(FILTER_PARAM);
   history.replaceState(history.state, "", url);
   applyFilter();
-}
-
-/** The latest activate or rollback of the model from the audit log, read again when the routing changed. */
-async function lastSwap(status) {
-  const generation = status.routing ? status.routing.generation : null;
-  const cached = state.swaps.get(status.name);
-  if (cached && cached.generation === generation) return;
-  const { events } = await api("GET", `/admin/models/${enc(status.name)}/events?limit=200`);
-  const swaps = events.filter((event) => SWAPS.has(event.action)).sort((a, b) => (a.time < b.time ? 1 : -1));
-  state.swaps.set(status.name, { generation, event: swaps[0] || null });
 }
 
 function buildCard(name) {
@@ -619,7 +603,9 @@ function memory(cache) {
   return cache.memory_is ? `${why} (loads on its next request; last ${mb})` : `${why} (loads on its next request)`;
 }
 
-function renderCard(card, status, live) {
+/** `live`: null while no version of the model is routed (it has no series); `lastSwap`: its newest activate or
+ * rollback in the audit log, or null. */
+function renderCard(card, status, live, lastSwap) {
   const routing = status.routing || {};
   const traffic = status.traffic || {};
   const canary = routing.canary;
@@ -646,7 +632,7 @@ function renderCard(card, status, live) {
     status.action ? running(status.action) : null,
   );
 
-  replace(card.live, liveTable(card, live, traffic));
+  replace(card.live, live ? liveTable(card, live, traffic) : h("p", { class: "note", text: "No figures: no version of it is routed yet." }));
   replace(card.versions, versionsTable(card, status));
 
   if (card.forms) {
@@ -656,8 +642,7 @@ function renderCard(card, status, live) {
   }
 
   card.status = status;
-  const swap = state.swaps.get(card.name);
-  replace(card.last, swapSummary(swap ? swap.event : null), replayLine(status.last_replay));
+  replace(card.last, swapSummary(lastSwap), replayLine(status.last_replay));
 }
 
 /** The last replay check of an activation (``--verify-replay``): its verdict and what it compared. */
@@ -1093,9 +1078,10 @@ async function refreshEvents(generation) {
     select.replaceChildren(h("option", { value: "" }, "All models"), ...state.names.map((name) => h("option", { value: name }, name)));
     if (wanted.includes(chosen)) select.value = chosen;
   }
-  const picked = select.value ? [select.value] : state.names;
-  const lists = await Promise.all(picked.map((name) => api("GET", `/admin/models/${enc(name)}/events?limit=200`)));
-  const events = lists.flatMap((list) => list.events).sort((a, b) => (a.time < b.time ? 1 : a.time > b.time ? -1 : 0));
+  // One read per poll: the model's events, or every model's (the newest 200 of the whole audit log).
+  const path = select.value ? `/admin/models/${enc(select.value)}/events` : "/admin/events";
+  const { events } = await api("GET", `${path}?limit=200`);
+  events.sort((a, b) => (a.time < b.time ? 1 : a.time > b.time ? -1 : 0));
   const rows = events.map((event) =>
     h(
       "tr",
