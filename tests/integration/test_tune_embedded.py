@@ -276,7 +276,9 @@ def test_tune_keeps_gateway_answering_when_trial_requests_are_refused_at_once(
     assert measured["errors"] > 0
     assert "the batch queue is full" in measured["error"]
     assert len(stalls) >= 10
-    assert max(stalls) < 0.5, sorted(stalls)[-3:]  # a refused trial request never holds the gateway's event loop
+    # A refused trial request never holds the gateway's event loop: a loop that retried them at once held it for the
+    # whole 1.5 s measurement. 1 s, not less: a health check took 0.58 s once on the 2-core machine under a full run.
+    assert max(stalls) < 1.0, sorted(stalls)[-3:]
 
 
 class StagedHost:
