@@ -245,6 +245,8 @@ def test_replicas_show_the_audit_events_recorded_during_a_redis_outage_in_order_
                         re.MULTILINE)
     assert pending is not None
     assert float(pending[1]) == 2  # a's two scans wait for Redis
+    refused = httpx.post(f"http://{a.http_url}/admin/models/mlp/versions/1/activate", headers=ADMIN)
+    assert refused.status_code == 503, refused.text  # its lock is in Redis: refused, and recorded as such
     redis.start()
 
     def both_show_three() -> bool:
@@ -256,3 +258,8 @@ def test_replicas_show_the_audit_events_recorded_during_a_redis_outage_in_order_
     assert [(versions, mark) for _, versions, mark in shown] == [([3], "shared"), ([3], "shared"), ([4], "shared")]
     times = [dt.datetime.fromisoformat(time) for time, _, _ in shown]
     assert down_at <= times[0] <= times[1] <= times[2] <= back_at, shown
+    events = httpx.get(f"http://{b.http_url}/admin/models/mlp/events", headers=ADMIN).json()["events"]
+    (lock_refused,) = [e for e in events if e["action"] == "activate" and e["result"] == "failed"]
+    assert (lock_refused["step"], lock_refused["versions"]) == ("lock", {"version": 1})
+    assert lock_refused["actor"].startswith("token:")
+    assert lock_refused["error"].startswith("activate refused: "), lock_refused

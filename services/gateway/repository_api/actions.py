@@ -43,7 +43,7 @@ class RepositoryActions:
                 raise ModelNotFound(
                     poll_failed(model, "the repository has no folder of that name with a config.pbtxt")
                 )
-        async with manager.exclusive(model, LOAD, None) as steps:
+        async with manager.exclusive(model, LOAD, None, actor) as steps:
             entry = await self._read(model)
             config, selected = await self._selection(model, entry, override)
             target = max(selected)
@@ -58,7 +58,7 @@ class RepositoryActions:
             note = f"model '{model}' is not in the repository: nothing to unload"
             log.warning("%s (%s, asked by %s)", UNLOAD, note, actor)
             return ActionReport(model, UNLOAD, "unchanged", {"stable": None}, {}, note=note)
-        async with manager.exclusive(model, UNLOAD, None) as steps:
+        async with manager.exclusive(model, UNLOAD, None, actor) as steps:
             record = manager.router.record(model)
             routed = record is not None and not record.unloaded
             loaded = sorted(manager.backend.models().get(model, {}))

@@ -76,8 +76,11 @@ class VersionContext(Protocol):
         """The canary watch's promotion: activate the canary's version while that split holds and it is ready."""
         ...
 
-    def exclusive(self, model: str, action: str, version: int | None) -> AbstractAsyncContextManager[Steps]:
-        """One action per model at a time (409 for a second one); the steps the action reports."""
+    def exclusive(
+        self, model: str, action: str, version: int | None, actor: str = ...
+    ) -> AbstractAsyncContextManager[Steps]:
+        """One action per model at a time (409 for a second one); the steps the action reports. ``actor``: who asked
+        (the audit log's, when the store refuses the action its lock)."""
         ...
 
     def lock(self, model: str) -> asyncio.Lock: ...

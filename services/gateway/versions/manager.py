@@ -132,7 +132,7 @@ class VersionManager:
     ) -> ActionReport:
         """``verify_replay``: before the flip, replay the newest logged requests on ``version`` and refuse it (422,
         the report in the answer) when its answers differ from the logged ones (``replay_check``)."""
-        async with self.exclusive(model, "activate", version) as steps:
+        async with self.exclusive(model, "activate", version, actor) as steps:
             return await self._switch(
                 model, version, steps, keep_previous, drain_timeout_s, compare, actor, verify_replay
             )
@@ -170,7 +170,7 @@ class VersionManager:
         compare: bool = False,
         actor: str = GATEWAY,
     ) -> ActionReport:
-        async with self.exclusive(model, "rollback", None) as steps:
+        async with self.exclusive(model, "rollback", None, actor) as steps:
             record = self.router.record(model)
             if record is None or record.previous is None:
                 raise Conflict(f"model '{model}' has no previous version to roll back to")
@@ -360,8 +360,12 @@ class VersionManager:
 
     # -- bookkeeping ----------------------------------------------------------------------------------------
     @asynccontextmanager
-    async def exclusive(self, model: str, action: str, version: int | None) -> AsyncIterator[Steps]:
-        """One action per model at a time: a second one is refused (409), never queued behind the first."""
+    async def exclusive(
+        self, model: str, action: str, version: int | None, actor: str = GATEWAY
+    ) -> AsyncIterator[Steps]:
+        """One action per model at a time: a second one is refused (409), never queued behind the first. An action
+        the state store refuses to lock (Redis down) is refused (503) and recorded in the audit log as failed, by
+        ``actor``: the store keeps the event until it can write it."""
         self.catalog.entry(model)
         lock = self.lock(model)
         if lock.locked():
@@ -372,14 +376,21 @@ class VersionManager:
         async with lock:
             progress = Progress(action, version)
             self.progress[model] = progress
+            locked = False
             try:
                 async with self.store.lock(model, holder):
                     await catch_up(self, model)  # another gateway may have changed the routing a moment ago
+                    locked = True
                     yield Steps(model, self.metrics, progress)
             except StateBusy as exc:
                 raise Conflict(str(exc)) from None
             except StateError as exc:
-                raise BackendUnavailable(f"{action} refused: {exc}") from None
+                refused = BackendUnavailable(f"{action} refused: {exc}")
+                if not locked:  # once it ran, the action recorded its own outcome
+                    versions: dict[str, int | None] = {} if version is None else {"version": version}
+                    await self.record(Event(action, model, "failed", versions, step="lock", error=str(refused),
+                                            actor=actor))
+                raise refused from None
             finally:
                 del self.progress[model]
 

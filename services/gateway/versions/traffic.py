@@ -53,7 +53,7 @@ async def set_inference_log(
 ) -> ActionReport:
     """The model's own inference-log sample and redactions (``None``: back to the gateway's settings), in its routing
     record: every replica and worker logs by the same policy from the moment the record is committed."""
-    async with manager.exclusive(model, "inference_log", None) as steps:
+    async with manager.exclusive(model, "inference_log", None, actor) as steps:
         record = _routed(manager, model)
         if record.inference_log == policy:
             return _unchanged(manager, steps, record)
@@ -75,7 +75,7 @@ async def _set_policy(
     """The routing record's ``kind`` policy becomes ``policy`` (as ``started`` stamps it, if given) once its version
     is loaded and warmed up, or none when the request ``clears`` it; ``action`` names the action in its progress and
     its event."""
-    async with manager.exclusive(model, action, policy.version if policy else None) as steps:
+    async with manager.exclusive(model, action, policy.version if policy else None, actor) as steps:
         record = _routed(manager, model)
         if policy is None or clears:
             if getattr(record, kind) is None:
