@@ -80,7 +80,7 @@ def _serve(
     slow_work("starts a gateway on real ports")
     registry = CollectorRegistry()
     app = create_app(settings, registry=registry, config_transform=config_transform)
-    config = uvicorn_config(settings, app, log_level="warning")
+    config = uvicorn_config(settings, app, log_level="warning", tls=app.state.tls)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="switchyard-gateway", daemon=True)
     thread.start()

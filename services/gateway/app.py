@@ -188,6 +188,9 @@ def create_app(
     metrics = GatewayMetrics(registry if registry is not None else CollectorRegistry())
     if node is None or node.acting:  # one worker reports the node's GPUs: the node's /metrics adds workers' up
         register_gpu_metrics(metrics.registry)
+    # One TLS object for both listeners (uvicorn's is this one: ``app.state.tls``), so that the gauge shows the
+    # certificate they present; it raises TlsError for files it cannot use.
+    tls = server_tls(settings, expiry=metrics.tls_certificate_expiry)
     catalog = Catalog(settings.repository)
     if backend is None:
         backend = build_backend(settings, catalog, metrics, config_transform)
@@ -244,7 +247,7 @@ def create_app(
                 stream_idle_timeout_s=settings.stream_idle_timeout_s,
                 stream_max_open=settings.stream_max_open,
                 reuse_port=node is not None,
-                tls=server_tls(settings),
+                tls=tls,
             )
             log.info("gRPC listening on %s:%d", settings.host, app.state.grpc_port)
         if node is not None:
@@ -275,6 +278,7 @@ def create_app(
     app.state.manager = manager
     app.state.live = live
     app.state.grpc_port = None
+    app.state.tls = tls
     app.state.repository_api = repository_api
     if tracing is None:
         app.lane = InferLane(dataplane, max_body_bytes=settings.max_body_bytes)

@@ -195,6 +195,13 @@ class GatewayMetrics:
             ["model", "version", "device", "fallback"],
             registry=registry,
         )
+        self.tls_certificate_expiry = Gauge(
+            "switchyard_tls_certificate_expiry_timestamp_seconds",
+            "notAfter (unix time) of each certificate in use: the one the listeners present (setting tls_cert_file), "
+            "the client CAs (tls_client_ca_file), and the client certificate and CAs of the TLS to Triton.",
+            ["setting", "subject", "serial"],
+            registry=registry,
+        )
         self.swap_step = Histogram(
             "switchyard_swap_step_seconds",
             "Duration of each step of a version action (load, warmup, compare, flip, drain, unload).",

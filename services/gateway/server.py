@@ -15,7 +15,7 @@ from services.gateway.app import create_app, preflight
 from services.gateway.backends.triton import ConfigTransform
 from services.gateway.repository import emptiness
 from services.gateway.rest.connections import ConnectionLimits, protocol_class
-from services.gateway.security import check_tls_files, server_tls
+from services.gateway.security import ServerTls, check_tls_files, server_tls
 from services.gateway.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -24,12 +24,15 @@ log = logging.getLogger(__name__)
 FD_HEADROOM = 256
 
 
-def uvicorn_config(settings: Settings, app: ASGIApp, *, log_level: str | None = None) -> uvicorn.Config:
+def uvicorn_config(
+    settings: Settings, app: ASGIApp, *, log_level: str | None = None, tls: ServerTls | None = None
+) -> uvicorn.Config:
     """How every gateway runs (``switchyard serve`` and ``tests.gateway_harness``): the connection limits are
     part of what is served and tested, not a production-only extra. With ``tls_cert_file`` the listener serves
-    TLS from one ``SSLContext`` that ``security.ServerTls`` reloads when the files change (raises ``TlsError``
-    for files it cannot use)."""
-    tls = server_tls(settings)
+    TLS from one ``SSLContext`` that ``security.ServerTls`` reloads when the files change: ``tls``, the app's
+    (``app.state.tls``, which the gRPC listener and the certificate gauge share), else one built here (raises
+    ``TlsError`` for files it cannot use)."""
+    tls = tls or server_tls(settings)
     limits = ConnectionLimits(
         settings.header_timeout_s,
         settings.body_timeout_s,
@@ -131,7 +134,7 @@ def serve(settings: Settings, config_transform: ConfigTransform | None = None) -
     check_startup(settings)
     app = create_app(settings, config_transform=config_transform)
     check_ports(settings)
-    server = uvicorn.Server(uvicorn_config(settings, app))
+    server = uvicorn.Server(uvicorn_config(settings, app, tls=app.state.tls))
     server.run()
     if not server.started:  # the lifespan failed (its log says why): uvicorn returns as if it had served and stopped
         raise SystemExit(STARTUP_FAILURE)  # as uvicorn.run exits

@@ -1,5 +1,6 @@
 """TLS and mutual TLS on the gateway's HTTP and gRPC listeners, with tritonclient, and a certificate replaced on
-disk served to the next connection without a restart. One gateway (empty repository) for the module."""
+disk served to the next connection without a restart (an expired one refused, the one served on /metrics). One
+gateway (empty repository) for the module."""
 
 from __future__ import annotations
 
@@ -12,15 +13,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from services.gateway.settings import Settings
 from tests.gateway_harness import RunningGateway, running_gateway
 from tests.gateway_process import gateway_process
-from tests.tls.certificates import Authority, Issued, make_authority, serial_of
+from tests.tls.certificates import Authority, Issued, days, make_authority, not_after_of, serial_of, validity
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -134,12 +138,11 @@ def test_every_worker_serves_tls_with_client_certificates_over_both_protocols(pk
     """``serve --workers 2``: each worker opens the shared ports with the same TLS settings; several connections
     (spread over the workers by the kernel) are all served with a certificate and refused without one."""
     server = pki.ca.issue(tmp_path, "server", server=True)  # its own: another test renews the module's on disk
-    settings = {"tls_cert_file": str(server.cert_file), "tls_key_file": str(server.key_file),
-                "tls_client_ca_file": str(pki.ca.cert_file), "workers": "2"}
     (tmp_path / "repository").mkdir()
     client_files = (str(pki.ca.cert_file), str(pki.client.cert_file), str(pki.client.key_file))
     with gateway_process(tmp_path / "repository", tmp_path, token="tls-workers", ready_tls=client_files,
-                         **settings) as node:
+                         tls_cert_file=str(server.cert_file), tls_key_file=str(server.key_file),
+                         tls_client_ca_file=str(pki.ca.cert_file), workers="2") as node:
         served = {served_serial(node.http_port, pki) for _ in range(8)} | {served_serial(node.grpc_port, pki)}
         for _ in range(4):
             with grpcclient.InferenceServerClient(node.grpc_url, ssl=True, root_certificates=str(pki.ca.cert_file),
@@ -151,7 +154,10 @@ def test_every_worker_serves_tls_with_client_certificates_over_both_protocols(pk
         )
         with pytest.raises(REFUSED):
             without_certificate.is_server_live()
+        # The node's /metrics merges the workers': one notAfter, not the sum of theirs.
+        presented = scraped_expiry(node.http_url, pki)[("tls_cert_file", "CN=server", f"{server.serial:x}")]
     assert served == {server.serial}
+    assert presented == not_after_of(server.cert_file)
 
 
 def test_a_client_ca_replaced_on_disk_refuses_the_old_cas_clients_over_both_protocols(tmp_path: Path) -> None:
@@ -189,3 +195,50 @@ def http_refuses(gateway: RunningGateway, pki: Pki) -> bool:
     except REFUSED:
         return True
     return False
+
+
+def test_an_expired_certificate_written_over_the_served_one_is_refused_and_metrics_show_the_one_served(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A renewal job writes an expired certificate (a stale copy): both listeners go on presenting the one they had,
+    the log says why, and /metrics gives the notAfter of the certificate served, so an alert on it goes on counting
+    down; a good renewal then replaces it everywhere."""
+    ca = make_authority(tmp_path)
+    server = ca.issue(tmp_path, "server", server=True)
+    pki = Pki(tmp_path, ca, server, ca.issue(tmp_path, "client", server=False))
+    (tmp_path / "repository").mkdir()
+    settings = Settings(repository=tmp_path / "repository", port=0, grpc_port=0, tls_cert_file=server.cert_file,
+                        tls_key_file=server.key_file, tls_client_ca_file=ca.cert_file)
+    ca_series = ("tls_client_ca_file", "CN=switchyard test ca", f"{ca.cert.serial_number:x}")
+    first = {("tls_cert_file", "CN=server", f"{server.serial:x}"): not_after_of(server.cert_file),
+             ca_series: not_after_of(ca.cert_file)}
+    with running_gateway(settings) as gateway:
+        assert scraped_expiry(gateway.http_url, pki) == first
+
+        ca.issue(tmp_path, "server", server=True, valid=validity(starts=-days(90), ends=-days(1)))
+        assert wait_until(lambda: "TLS certificate not reloaded" in caplog.text, timeout_s=10)
+        assert f"SWITCHYARD_TLS_CERT_FILE ({server.cert_file}) holds a certificate (CN=server) that expired at" in (
+            caplog.text)
+        assert {served_serial(port, pki) for port in (gateway.http_port, gateway.grpc_port)} == {server.serial}
+        assert scraped_expiry(gateway.http_url, pki) == first
+
+        renewed = ca.issue(tmp_path, "server", server=True, valid=validity(starts=-days(1), ends=days(90)))
+        assert until_served(gateway.http_port, pki, renewed.serial) == renewed.serial
+        assert served_serial(gateway.grpc_port, pki) == renewed.serial
+        assert scraped_expiry(gateway.http_url, pki) == {
+            ("tls_cert_file", "CN=server", f"{renewed.serial:x}"): not_after_of(renewed.cert_file),
+            ca_series: not_after_of(ca.cert_file),
+        }
+
+
+def scraped_expiry(http_url: str, pki: Pki) -> dict[tuple[str, str, str], float]:
+    """``switchyard_tls_certificate_expiry_timestamp_seconds`` from /metrics over HTTPS, by its labels."""
+    context = ssl.create_default_context(cafile=pki.ca.cert_file)
+    context.load_cert_chain(pki.client.cert_file, pki.client.key_file)
+    text = httpx.get(f"https://{http_url}/metrics", verify=context, timeout=10.0).text
+    return {
+        (sample.labels["setting"], sample.labels["subject"], sample.labels["serial"]): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "switchyard_tls_certificate_expiry_timestamp_seconds"
+        for sample in family.samples
+    }

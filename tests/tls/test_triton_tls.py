@@ -1,5 +1,6 @@
 """The gateway reaching the local Triton over mutual TLS (Triton's ``--grpc-use-ssl-mutual``): its model loads and
-answers through the gateway, while a client without the gateway's certificate is refused by Triton."""
+answers through the gateway, while a client without the gateway's certificate is refused by Triton; a renewed client
+certificate is taken up without a restart, an expired one refused."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from services.gateway.settings import Settings
 from services.tritonlocal import LocalTriton, TritonInstall, derive_config
 from services.tritonlocal.server import TritonGrpcTls
 from tests.gateway_harness import running_gateway
-from tests.tls.certificates import Authority, Issued, make_authority
+from tests.tls.certificates import Authority, Issued, days, make_authority, not_after_of, validity
 from tests.triton.support import gateway_settings
 from tests.tritonlocal.support import require_install
 from tests.waiting import wait_until
@@ -132,3 +133,31 @@ def _answered(client: httpclient.InferenceServerClient, request: httpclient.Infe
     except InferenceServerException:
         return False
     return True
+
+
+def test_an_expired_client_certificate_written_over_the_one_in_use_is_refused_and_triton_still_answers(
+    triton: LocalTriton, ca: Authority, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stale client certificate written over the one the gateway connects with: Triton would refuse it, so the
+    connections keep the one that works, the log says why, and the gauge goes on showing the one in use."""
+    client_files = tmp_path / "client"
+    client_files.mkdir()
+    good = ca.issue(client_files, "gateway", server=False)
+    in_use = {"setting": "triton_tls_cert_file", "subject": "CN=gateway", "serial": f"{good.serial:x}"}
+    served_until = not_after_of(good.cert_file)
+    values = np.arange(4, dtype=np.float32).reshape(1, 4)
+    with running_gateway(mutual_tls_settings(triton, ca, good), config_transform=derive_config) as gateway:
+        client = httpclient.InferenceServerClient(gateway.http_url)
+        request = echo_request(values)
+        np.testing.assert_array_equal(client.infer("echo", [request]).as_numpy("OUTPUT0"), values)
+        assert gateway.registry.get_sample_value(EXPIRY, in_use) == served_until
+
+        ca.issue(client_files, "gateway", server=False, valid=validity(starts=-days(90), ends=-days(1)))
+        assert wait_until(lambda: "TLS to Triton not reloaded" in caplog.text, timeout_s=10)
+        assert (f"SWITCHYARD_TRITON_TLS_CERT_FILE ({good.cert_file}) holds a certificate (CN=gateway) that expired at"
+                in caplog.text)
+        np.testing.assert_array_equal(client.infer("echo", [request]).as_numpy("OUTPUT0"), values)
+        assert gateway.registry.get_sample_value(EXPIRY, in_use) == served_until
+
+
+EXPIRY = "switchyard_tls_certificate_expiry_timestamp_seconds"

@@ -8,14 +8,18 @@ with or without a server name), so new handshakes get the new certificate and cl
 theirs. A new context, not the chain loaded again into the old one: a context's trusted CAs can only be added to,
 so a client CA removed from the file would stay trusted until a restart. The gRPC listener's credentials ask
 ``ServerTls.grpc_fetch`` before every handshake, which reads the files again only when they changed. A change
-that does not load (half-written files, a key that does not match) is logged and the previous chain stays. The
+that does not load (half-written files, a key that does not match, a certificate outside its validity dates) is
+logged and the previous chain stays; one refused only because it is not valid yet is loaded at its notBefore. The
 Triton backend opens new channels to Triton when ``triton_tls_files`` change (``backends/triton/channels.py``).
+The certificates' dates (``certificates.py``): a listener certificate outside them stops the start, one close to its
+end is warned of, and the gauge shows what is in use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import os
 import ssl
@@ -25,7 +29,9 @@ from pathlib import Path
 from typing import Literal
 
 import grpc
+from prometheus_client import Gauge
 
+from services.gateway.security.certificates import CertificatesInUse, FileCertificates, read_dates, utc_now
 from services.gateway.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -36,7 +42,23 @@ RELOAD_INTERVAL_S = 1.0
 
 
 class TlsError(Exception):
-    """A certificate or key the gateway cannot use; the message names the setting and the file."""
+    """A certificate or key the gateway cannot use; the message names the setting and the file. ``valid_from``: the
+    only fault is a certificate not valid yet, until then."""
+
+    def __init__(self, message: str, *, valid_from: datetime.datetime | None = None) -> None:
+        super().__init__(message)
+        self.valid_from = valid_from
+
+
+Stamps = tuple[tuple[int, int, int] | None, ...]
+
+CONSEQUENCES = {
+    "tls_cert_file": "clients refuse it in the handshake",
+    "tls_client_ca_file": "client certificates it signed are refused",
+    "triton_tls_cert_file": "Triton refuses the gateway's connections with it",
+    "triton_tls_ca_file": "a Triton certificate it signed is refused",
+}
+"""What a certificate of each file does outside its validity dates, for the log lines and errors."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +89,40 @@ class TlsFile:
             return None
         return found.st_ino, found.st_size, found.st_mtime_ns
 
+    def certificates(self, pem: bytes, *, chain: bool) -> FileCertificates:
+        """The dates of the certificates in ``pem`` (this file's content) the gateway uses: a chain's first."""
+        named = f"{self.variable} ({self.path})"
+        return FileCertificates(self.setting, named, read_dates(pem, named, chain=chain), CONSEQUENCES[self.setting],
+                                presented=chain)
+
+
+def refuse_outside_dates(presented: FileCertificates) -> None:
+    """``TlsError`` naming the file, the date passed and the current time when the presented certificate is not
+    valid now: the other side of every handshake would refuse it."""
+    now = utc_now()
+    for dates in presented.certificates:
+        if dates.outside(now) is not None:
+            valid_from = dates.not_before if now < dates.not_before else None
+            raise TlsError(presented.message(dates, now), valid_from=valid_from)
+
+
+@dataclass
+class Seen:
+    """What a watcher saw of its files at its last look: their stamps, and when files refused only because their
+    certificate is not valid yet are due to be loaded again (the files do not change when that time comes)."""
+
+    stamps: Stamps
+    retry_at: datetime.datetime | None = None
+
+    def due(self, stamps: Stamps) -> bool:
+        return stamps != self.stamps or (self.retry_at is not None and utc_now() >= self.retry_at)
+
+    def saw(self, stamps: Stamps, refused: TlsError | None = None) -> None:
+        self.stamps, self.retry_at = stamps, refused.valid_from if refused is not None else None
+
+    def retry_note(self) -> str:
+        return "; it is loaded at its notBefore if the files stay as they are" if self.retry_at is not None else ""
+
 
 @dataclass(frozen=True)
 class ServerTlsFiles:
@@ -89,7 +145,7 @@ class ServerTlsFiles:
             auth,
         )
 
-    def stamps(self) -> tuple[tuple[int, int, int] | None, ...]:
+    def stamps(self) -> Stamps:
         watched = (self.cert, self.key) if self.client_ca is None else (self.cert, self.key, self.client_ca)
         return tuple(file.stamp() for file in watched)
 
@@ -98,21 +154,26 @@ class ServerTls:
     """One listener side's TLS: the HTTP ``SSLContext`` (reloaded by ``watch``) and the gRPC credentials.
 
     Construction reads every file and raises ``TlsError`` naming the setting and the file when one is missing,
-    unreadable, not PEM, or when the key does not belong to the certificate: the gateway refuses to start then.
+    unreadable, not PEM, when the key does not belong to the certificate, or when the certificate is outside its
+    validity dates: the gateway refuses to start then. ``expiry``: the gauge of the certificates in use;
+    ``announce``: log a certificate close to its end and a client CA outside its dates (the start check does).
     """
 
-    def __init__(self, files: ServerTlsFiles) -> None:
+    def __init__(self, files: ServerTlsFiles, *, expiry: Gauge | None = None, announce: bool = False) -> None:
         self.files = files
         self.reloads = 0
         """Chains loaded since the start (by the HTTP watcher); tests and logs read it."""
-        self.current = self._loaded_context()
+        self.in_use = CertificatesInUse(expiry)
+        """The dates of what HTTP handshakes use now."""
+        self.current, loaded = self._loaded_context()
         """What HTTP handshakes use now: replaced whole by each reload that loads."""
-        self.context = self._loaded_context()
+        self.context, _ = self._loaded_context()
         """The listener's context: uvicorn's, fixed for its life; it hands each handshake to ``current``."""
         self.context.sni_callback = self._hand_over
-        self._stamps = files.stamps()
-        self._grpc_stamps = self._stamps
+        self._seen = Seen(files.stamps())
+        self._grpc_seen = Seen(self._seen.stamps)
         self._watcher: asyncio.Task[None] | None = None
+        self.in_use.use(loaded, announce=announce)
 
     # -- HTTP -------------------------------------------------------------------------------------------------
     def uvicorn_factory(self, config: object, default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
@@ -131,22 +192,26 @@ class ServerTls:
         while True:
             await asyncio.sleep(interval_s)
             self.reload_if_changed()
+            self.in_use.tick()
 
     def reload_if_changed(self) -> bool:
-        """Load the chain again when a file changed; True when the context now holds new files."""
+        """Load the chain again when a file changed (or a refused one became valid); True when the context now
+        holds new files."""
         stamps = self.files.stamps()
-        if stamps == self._stamps:
+        if not self._seen.due(stamps):
             return False
         try:
             # A context of its own: nothing of a change that does not load reaches a handshake.
-            self.current = self._loaded_context()
+            current, loaded = self._loaded_context()
         except TlsError as exc:
-            log.error("TLS certificate not reloaded, the previous one stays in use: %s", exc)
+            self._seen.saw(stamps, exc)  # a broken change is reported once, not every second
+            log.error("TLS certificate not reloaded, the previous one stays in use: %s%s", exc, self._seen.retry_note())
             return False
-        finally:
-            self._stamps = stamps  # a broken change is reported once, not every second
+        self._seen.saw(stamps)
+        self.current = current
         self.reloads += 1
         log.info("TLS certificate reloaded from %s", self.files.cert.path)
+        self.in_use.use(loaded)
         return True
 
     def _hand_over(self, connection: ssl.SSLObject | ssl.SSLSocket, server_name: str | None,
@@ -155,10 +220,9 @@ class ServerTls:
         certificate, key and client CA (OpenSSL takes the chain and the trust store of the context set here)."""
         connection.context = self.current
 
-    def _loaded_context(self) -> ssl.SSLContext:
+    def _loaded_context(self) -> tuple[ssl.SSLContext, tuple[FileCertificates, ...]]:
         context = self._server_context()
-        self._load_into(context)
-        return context
+        return context, self._load_into(context)
 
     def _server_context(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -166,9 +230,10 @@ class ServerTls:
         context.verify_mode = _VERIFY_MODES[self.files.client_auth]
         return context
 
-    def _load_into(self, context: ssl.SSLContext) -> None:
+    def _load_into(self, context: ssl.SSLContext) -> tuple[FileCertificates, ...]:
+        """Load the files into ``context``; the dates of the certificate presented and of the client CAs."""
         files = self.files
-        files.cert.read(), files.key.read()  # a clear error for a missing or non-PEM file before OpenSSL's
+        chain, _ = files.cert.read(), files.key.read()  # a clear error for a missing or non-PEM file before OpenSSL's
         try:
             context.load_cert_chain(files.cert.path, files.key.path)
         except ssl.SSLError as exc:
@@ -176,13 +241,18 @@ class ServerTls:
                 f"{files.key.variable} ({files.key.path}) does not hold the private key of the certificate in "
                 f"{files.cert.variable} ({files.cert.path}), or one of them is not valid PEM: {exc.reason or exc}"
             ) from None
-        if files.client_ca is not None and files.client_auth != "none":
-            ca = files.client_ca
-            try:
-                context.load_verify_locations(cadata=ca.read().decode("ascii", errors="replace"))
-            except ssl.SSLError as exc:
-                reason = exc.reason or exc
-                raise TlsError(f"{ca.variable} ({ca.path}) holds no valid CA certificate: {reason}") from None
+        presented = files.cert.certificates(chain, chain=True)
+        refuse_outside_dates(presented)
+        if files.client_ca is None or files.client_auth == "none":
+            return (presented,)
+        ca = files.client_ca
+        bundle = ca.read()
+        try:
+            context.load_verify_locations(cadata=bundle.decode("ascii", errors="replace"))
+        except ssl.SSLError as exc:
+            reason = exc.reason or exc
+            raise TlsError(f"{ca.variable} ({ca.path}) holds no valid CA certificate: {reason}") from None
+        return presented, ca.certificates(bundle, chain=False)
 
     # -- gRPC -------------------------------------------------------------------------------------------------
     def grpc_credentials(self) -> grpc.ServerCredentials:
@@ -197,14 +267,17 @@ class ServerTls:
     def grpc_fetch(self) -> grpc.ServerCertificateConfiguration | None:
         """Called by gRPC on its own threads before each handshake: None keeps the current certificate."""
         stamps = self.files.stamps()
-        if stamps == self._grpc_stamps:
+        if not self._grpc_seen.due(stamps):
             return None
-        self._grpc_stamps = stamps
         try:
-            return self._grpc_configuration()
+            configuration = self._grpc_configuration()
         except TlsError as exc:
-            log.error("gRPC TLS certificate not reloaded, the previous one stays in use: %s", exc)
+            self._grpc_seen.saw(stamps, exc)
+            log.error("gRPC TLS certificate not reloaded, the previous one stays in use: %s%s", exc,
+                      self._grpc_seen.retry_note())
             return None
+        self._grpc_seen.saw(stamps)
+        return configuration
 
     def _grpc_configuration(self) -> grpc.ServerCertificateConfiguration:
         files = self.files
@@ -218,25 +291,44 @@ _VERIFY_MODES: dict[ClientAuth, ssl.VerifyMode] = {
 }
 
 
-def server_tls(settings: Settings) -> ServerTls | None:
+def server_tls(settings: Settings, *, expiry: Gauge | None = None, announce: bool = False) -> ServerTls | None:
     """The listeners' TLS, or None for plain HTTP and gRPC; raises ``TlsError`` for files it cannot use."""
     files = ServerTlsFiles.from_settings(settings)
-    return ServerTls(files) if files is not None else None
+    return ServerTls(files, expiry=expiry, announce=announce) if files is not None else None
 
 
 # -- to Triton -----------------------------------------------------------------------------------------------
-def triton_channel_credentials(settings: Settings) -> grpc.ChannelCredentials | None:
+@dataclass(frozen=True)
+class TritonTls:
+    credentials: grpc.ChannelCredentials
+    certificates: tuple[FileCertificates, ...]
+    """The dates of the client certificate and of the CAs the channels are built with."""
+
+
+def triton_tls(settings: Settings, *, renewal: bool = False) -> TritonTls | None:
     """TLS (mutual when a client certificate is set) for the gRPC channels to Triton; None: plain gRPC. Triton's
-    HTTP front end has no TLS, so the settings refuse ``triton_tls`` with ``triton_http_url``."""
+    HTTP front end has no TLS, so the settings refuse ``triton_tls`` with ``triton_http_url``.
+
+    A client certificate outside its validity dates is refused (``TlsError``) for a ``renewal``: the channels keep
+    the files they have. At the start it is let through, as a certificate Triton does not trust is (the gateway
+    starts and connects once a renewed one is written; ``check_tls_files`` logs it)."""
     if not settings.triton_tls:
         return None
-    roots = _optional("triton_tls_ca_file", settings.triton_tls_ca_file)
-    key = _optional("triton_tls_key_file", settings.triton_tls_key_file)
-    chain = _optional("triton_tls_cert_file", settings.triton_tls_cert_file)
-    if key is not None and chain is not None:
-        _check_pair(TlsFile("triton_tls_cert_file", settings.triton_tls_cert_file or Path()),
-                    TlsFile("triton_tls_key_file", settings.triton_tls_key_file or Path()))
-    return grpc.ssl_channel_credentials(root_certificates=roots, private_key=key, certificate_chain=chain)
+    ca_file, cert_file = _named("triton_tls_ca_file", settings), _named("triton_tls_cert_file", settings)
+    key_file = _named("triton_tls_key_file", settings)
+    roots = ca_file.read() if ca_file is not None else None
+    key = key_file.read() if key_file is not None else None
+    chain = cert_file.read() if cert_file is not None else None
+    certificates: list[FileCertificates] = []
+    if cert_file is not None and key_file is not None and chain is not None:
+        _check_pair(cert_file, key_file)
+        certificates.append(cert_file.certificates(chain, chain=True))
+        if renewal:
+            refuse_outside_dates(certificates[-1])
+    if ca_file is not None and roots is not None:
+        certificates.append(ca_file.certificates(roots, chain=False))
+    credentials = grpc.ssl_channel_credentials(root_certificates=roots, private_key=key, certificate_chain=chain)
+    return TritonTls(credentials, tuple(certificates))
 
 
 def triton_tls_files(settings: Settings) -> tuple[TlsFile, ...]:
@@ -252,8 +344,9 @@ def triton_tls_files(settings: Settings) -> tuple[TlsFile, ...]:
     return tuple(TlsFile(setting, path) for setting, path in named if path is not None)
 
 
-def _optional(setting: str, path: Path | None) -> bytes | None:
-    return TlsFile(setting, path).read() if path is not None else None
+def _named(setting: str, settings: Settings) -> TlsFile | None:
+    path: Path | None = getattr(settings, setting)
+    return TlsFile(setting, path) if path is not None else None
 
 
 def _check_pair(cert: TlsFile, key: TlsFile) -> None:
@@ -267,7 +360,11 @@ def _check_pair(cert: TlsFile, key: TlsFile) -> None:
 
 
 def check_tls_files(settings: Settings) -> None:
-    """Raise ``TlsError`` (one line, naming the setting and the file) for any TLS file the gateway cannot use."""
-    server_tls(settings)
-    triton_channel_credentials(settings)
+    """Raise ``TlsError`` (one line, naming the setting and the file) for any TLS file the gateway cannot use; log
+    the certificates close to their end, the CAs outside their dates, and a client certificate to Triton outside
+    its dates (an error: Triton refuses it until a renewed one is written)."""
+    server_tls(settings, announce=True)
+    triton = triton_tls(settings)
+    if triton is not None:
+        CertificatesInUse().use(triton.certificates)
 

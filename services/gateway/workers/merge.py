@@ -32,6 +32,8 @@ SETTING_GAUGES: frozenset[str] = frozenset({
     # A model's concurrency cap: it holds for the node (the workers' gates count the node's executing requests in
     # shared memory, shaping/node_share.py), so 64 on each worker is 64 for the node, not 128.
     "switchyard_admission_limit",
+    # A certificate's notAfter: every worker reads the same files; a sum of two dates is no date.
+    "switchyard_tls_certificate_expiry_timestamp_seconds",
 })
 """Gauges whose value is a setting every worker holds alike: the node's value is the largest of theirs (equal but
 for the moment a change reaches one worker before another). Every other gauge counts something each worker has

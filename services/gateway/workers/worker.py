@@ -37,7 +37,7 @@ def run_worker(spec: WorkerSpec) -> None:
     gateway = app if place.acting else ForwardToActingWorker(app, node.peers, max_body_bytes=settings.max_body_bytes)
     served = PeerApi(gateway, app.state.dataplane, app.state.manager, app.state.repository_api, node.kept,
                      node.kept_statistics)
-    server = PlainPeerSocketServer(uvicorn_config(settings, served), node.listen(), node.serving)
+    server = PlainPeerSocketServer(uvicorn_config(settings, served, tls=app.state.tls), node.listen(), node.serving)
     server.run(sockets=[reuseport_socket(settings.host, settings.port)])
 
 

@@ -30,7 +30,7 @@ from services.gateway.backends.triton.statistics import read_statistics
 from services.gateway.backends.triton.trials import TritonTrials
 from services.gateway.errors import BackendUnavailable, GatewayError, unknown_version
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.security import TlsError
+from services.gateway.security import CertificatesInUse, TlsError
 from services.gateway.settings import Settings
 from services.gateway.tensors.types import InferRequest, InferResponse, ModelMetadata, VersionState
 from services.modelrepo.config import pinned
@@ -63,6 +63,8 @@ class TritonBackend(TritonHealth):
         self._channels: TritonChannels | None = None
         self._control: ModelControl | None = None
         self._tls_watch = TlsWatch(settings)
+        self._certificates = CertificatesInUse(metrics.tls_certificate_expiry if metrics is not None else None)
+        """The dates of the TLS files the channels to Triton use (warned of at the start by ``check_tls_files``)."""
         self._retiring: set[asyncio.Task[None]] = set()
         """Channels replaced by new ones (new TLS files), closing once their calls are over."""
         self._probe: asyncio.Task[None] | None = None
@@ -110,6 +112,7 @@ class TritonBackend(TritonHealth):
             self._wanted[name] = set(versions)
             self._states[name] = dict.fromkeys(versions, VersionState.UNAVAILABLE)  # until Triton says more
         self._channels = open_channels(self._settings)
+        self._certificates.use(self._channels.certificates, announce=False)
         self._control = ModelControl(self._channels.client)
         self._calls.channels = self._channels
         if self._settings.triton_http_url:
@@ -123,17 +126,21 @@ class TritonBackend(TritonHealth):
     def _renew_channels(self) -> None:
         """New channels to Triton once its TLS files changed (the health probe asks before each probe): new calls go
         over them at once, calls in flight finish on the old ones. Files that do not load (half-written, a key that
-        does not match) are logged once and the channels stay as they are."""
+        does not match, a client certificate outside its validity dates) are logged once and the channels stay as
+        they are. A certificate in use that crosses into its last days or past its end is logged here too."""
+        self._certificates.tick()
         if not self._tls_watch.changed():
             return
         try:
-            fresh = open_channels(self._settings)
+            fresh = open_channels(self._settings, renewal=True)
         except TlsError as exc:
-            log.error("TLS to Triton not reloaded, the connections keep the previous files: %s", exc)
+            note = self._tls_watch.refused(exc)
+            log.error("TLS to Triton not reloaded, the connections keep the previous files: %s%s", exc, note)
             return
         old, self._channels, self._calls.channels = self._channels, fresh, fresh
         self._control = ModelControl(fresh.client)
         log.info("TLS to Triton reloaded from %s: new calls connect with it", self._tls_watch.cert_path)
+        self._certificates.use(fresh.certificates)
         if old is not None:
             settings = self._settings
             calls_s = max(settings.max_timeout_ms / 1000, settings.triton_infer_timeout_s)

@@ -1,7 +1,8 @@
 """The gRPC connections to Triton: a ``tritonclient`` client for model control and the health probe, and a
 bare channel with the generated stub for inference. With TLS to Triton, ``TlsWatch`` tells the backend when the
 certificate, key or CA files changed: it then opens new channels and ``retire``s the old ones once their calls are
-over (a renewed client certificate takes effect without a restart)."""
+over (a renewed client certificate takes effect without a restart; one outside its validity dates is refused, and one
+refused only because it is not valid yet is tried again at its notBefore)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import grpc
 import tritonclient.grpc.aio as triton
 from tritonclient.grpc import service_pb2_grpc
 
-from services.gateway.security import triton_channel_credentials, triton_tls_files
+from services.gateway.security import FileCertificates, Seen, TlsError, triton_tls, triton_tls_files
 from services.gateway.settings import Settings
 
 
@@ -27,27 +28,31 @@ class TritonChannels:
     """The generated ``ModelInfer`` stub method on ``channel``."""
     stream: Any
     """The generated ``ModelStreamInfer`` stub method on ``channel`` (decoupled models, ``streams.py``)."""
+    certificates: tuple[FileCertificates, ...] = ()
+    """The dates of the client certificate and the CAs the channels were opened with (TLS to Triton)."""
 
     async def close(self) -> None:
         await self.client.close()
         await self.channel.close()
 
 
-def open_channels(settings: Settings) -> TritonChannels:
+def open_channels(settings: Settings, *, renewal: bool = False) -> TritonChannels:
     """Inference goes straight through the generated stub on its own channel: no InferInput/InferResult
     wrappers, no extra copies, and the probe's calls never queue behind a burst of inference on the same
-    HTTP/2 connection."""
+    HTTP/2 connection. ``renewal``: new files replace the ones in use (``security.triton_tls``)."""
     options = channel_options(settings)
     # With SWITCHYARD_TRITON_TLS both channels share one set of credentials, read once (files are checked at
     # startup; a new Triton certificate signed by the same CA needs no change here).
-    credentials = triton_channel_credentials(settings)
+    tls = triton_tls(settings, renewal=renewal)
+    credentials = tls.credentials if tls is not None else None
     client = triton.InferenceServerClient(settings.triton_url, channel_args=options, creds=credentials)
     if credentials is None:
         channel = grpc.aio.insecure_channel(settings.triton_url, options=options)
     else:
         channel = grpc.aio.secure_channel(settings.triton_url, credentials, options=options)
     stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-    return TritonChannels(client, channel, stub.ModelInfer, stub.ModelStreamInfer)
+    return TritonChannels(client, channel, stub.ModelInfer, stub.ModelStreamInfer,
+                          tls.certificates if tls is not None else ())
 
 
 class TlsWatch:
@@ -55,7 +60,7 @@ class TlsWatch:
 
     def __init__(self, settings: Settings) -> None:
         self._files = triton_tls_files(settings)
-        self._stamps = self._read()
+        self._seen = Seen(self._read())
 
     def _read(self) -> tuple[tuple[int, int, int] | None, ...]:
         return tuple(file.stamp() for file in self._files)
@@ -71,10 +76,16 @@ class TlsWatch:
         if not self._files:
             return False
         stamps = self._read()
-        if stamps == self._stamps:
+        if not self._seen.due(stamps):
             return False
-        self._stamps = stamps
+        self._seen.saw(stamps)
         return True
+
+    def refused(self, error: TlsError) -> str:
+        """The files that changed last do not load: a certificate not valid yet is tried again at its notBefore
+        (said in the returned note for the log)."""
+        self._seen.saw(self._seen.stamps, error)
+        return self._seen.retry_note()
 
 
 async def retire(channels: TritonChannels, *, calls_s: float, control_s: float) -> None:
