@@ -189,6 +189,63 @@ def test_a_client_ca_replaced_on_disk_refuses_the_old_cas_clients_over_both_prot
             assert client.is_server_live()
 
 
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3], ids=["tls1.2", "tls1.3"])
+def test_a_client_of_a_removed_ca_cannot_resume_a_session_it_held_before_the_removal(
+    tmp_path: Path, version: ssl.TLSVersion
+) -> None:
+    """A resumed session skips the certificate check: the removed CA's client showed its session ticket (TLS 1.3)
+    or session id (TLS 1.2) from before the removal and was served. Resumption is off, so it cannot."""
+    old_ca, new_ca = make_authority(tmp_path, "old-ca"), make_authority(tmp_path, "new-ca")
+    server = new_ca.issue(tmp_path, "server", server=True)
+    client = old_ca.issue(tmp_path, "old-client", server=False)
+    client_ca = tmp_path / "client-ca.pem"
+    client_ca.write_bytes(old_ca.cert_file.read_bytes())
+    (tmp_path / "repository").mkdir()
+    settings = Settings(repository=tmp_path / "repository", port=0, grpc_port=0, tls_cert_file=server.cert_file,
+                        tls_key_file=server.key_file, tls_client_ca_file=client_ca)
+    context = ssl.create_default_context(cafile=str(new_ca.cert_file))
+    context.load_cert_chain(str(client.cert_file), str(client.key_file))
+    context.minimum_version = context.maximum_version = version
+    with running_gateway(settings) as gateway:
+        answer, session, reused = live_over(gateway, context)
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert session is not None
+        again = live_over(gateway, context, session)
+        assert again[0].startswith(b"HTTP/1.1 200")
+        assert again[2] is False  # a full handshake each time, its certificate checked
+        swapped = tmp_path / "swapped.pem"
+        swapped.write_bytes(new_ca.cert_file.read_bytes())
+        os.replace(swapped, client_ca)
+        assert wait_until(lambda: live_over(gateway, context)[0] == b"", 10)  # the removal is in force
+
+        resumed, _, reused = live_over(gateway, context, again[1] or session)
+
+    assert (resumed, reused) == (b"", False)
+
+
+def live_over(
+    gateway: RunningGateway, context: ssl.SSLContext, session: ssl.SSLSession | None = None
+) -> tuple[bytes, ssl.SSLSession | None, bool]:
+    """``GET /v2/health/live`` on a connection of its own (offering ``session``): the answer's first bytes (empty
+    when the gateway refused the client), the session to offer next, and whether this one was resumed."""
+    host, port = gateway.http_url.split(":")
+    raw = socket.create_connection((host, int(port)), timeout=5)
+    try:
+        connection = context.wrap_socket(raw, server_hostname="localhost", session=session)
+    except REFUSED:  # TLS 1.2: the server checks the certificate within the handshake
+        raw.close()
+        return b"", None, False
+    with connection:
+        answer = b""
+        try:
+            connection.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n")
+            while chunk := connection.recv(4096):
+                answer += chunk
+        except REFUSED:  # TLS 1.3: after the client thinks the handshake done
+            pass
+        return answer[:12], connection.session, connection.session_reused
+
+
 def http_refuses(gateway: RunningGateway, pki: Pki) -> bool:
     try:
         http_client(gateway, pki, with_certificate=True).is_server_live()

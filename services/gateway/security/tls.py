@@ -32,6 +32,7 @@ import grpc
 from prometheus_client import Gauge
 
 from services.gateway.security.certificates import CertificatesInUse, FileCertificates, read_dates, utc_now
+from services.gateway.security.resumption import without_resumption
 from services.gateway.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -228,6 +229,8 @@ class ServerTls:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.verify_mode = _VERIFY_MODES[self.files.client_auth]
+        if context.verify_mode != ssl.CERT_NONE:
+            without_resumption(context)  # a resumed session would skip the check against the client CAs in force
         return context
 
     def _load_into(self, context: ssl.SSLContext) -> tuple[FileCertificates, ...]:
