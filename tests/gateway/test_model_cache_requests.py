@@ -1,7 +1,8 @@
 """The model cache as requests meet it, in process over a scripted backend: a load whose requests all gave up goes on
 and leaves a model that is unloaded like any other (as idle, to make room); a deadline that passes while the load
 waits for room is a 503 with ``Retry-After`` saying so, and the load is given up; a model larger than the budget is
-507 over HTTP and ``RESOURCE_EXHAUSTED`` over gRPC; a pinned model the repository lacks is named once."""
+507 over HTTP and ``RESOURCE_EXHAUSTED`` over gRPC; a pinned model the repository lacks is named once; the idle sweep
+goes on past a model unloaded meanwhile."""
 
 from __future__ import annotations
 
@@ -215,3 +216,39 @@ async def test_a_pinned_model_that_does_not_fit_beside_the_other_pinned_ones_is_
         "pinned models ('m1' 40 MiB, 'm2' 40 MiB) hold 80 of the model cache's 100 MiB for good "
         "(SWITCHYARD_PINNED_MODELS): pin fewer models, or raise SWITCHYARD_MODEL_CACHE_MB"
     ]
+
+
+class SlowUnloads(Shelf):
+    """``Shelf`` whose unloads of the models in ``held`` wait for their event (``unloading`` names them meanwhile)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: dict[str, asyncio.Event] = {}
+        self.unloading: set[str] = set()
+
+    async def unload(self, model: str, version: int) -> None:
+        hold = self.held.get(model)
+        if hold is not None:
+            self.unloading.add(model)
+            await hold.wait()
+        await super().unload(model, version)
+
+
+async def test_the_idle_sweep_goes_on_when_a_model_it_was_to_unload_next_was_unloaded_to_make_room_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """m1 and m2 idle: the sweep unloads m1 (slowly), and meanwhile m3's load unloads m2 to make room. The sweep
+    skips m2 instead of failing on it, and idle models are still unloaded after (m3 too)."""
+    backend = SlowUnloads()
+    backend.held["m1"] = release = asyncio.Event()
+    async with serving(backend, cache_settings(tmp_path, model_idle_unload_s=0.2)) as (http, cache):
+        assert [(await infer(http, model, 3000)).status_code for model in ("m1", "m2")] == [200, 200]
+        assert await wait_until_async(lambda: "m1" in backend.unloading, timeout_s=5)  # the sweep unloads m1
+        assert (await infer(http, "m3", 3000)).status_code == 200  # m2 unloaded to make room for it
+        release.set()
+        m3_idle = await wait_until_async(lambda: "m3" not in cache.residents, timeout_s=5)
+
+    assert m3_idle
+    assert {model: cache.view(model)["unloaded_by"] for model in ("m1", "m2", "m3")} == {
+        "m1": "idle", "m2": "capacity", "m3": "idle"
+    }

@@ -1,7 +1,9 @@
 """The model cache on the embedded backend (real onnxruntime sessions): 12 copies of the example mlp, each declaring
 10 MiB, under a 45 MiB budget (4 fit). Zipf traffic over all of them fails no request and stays within the budget;
-50 simultaneous first requests cause one load; a model with a request in flight, or pinned, is never unloaded; an
-idle one is unloaded and comes back on demand; one larger than the budget is refused naming both figures."""
+50 simultaneous first requests cause one load; first requests for more models than fit, all at once, are all
+served, no load counting on room another was given; a model with a request in flight, or pinned, is never unloaded;
+an idle one is unloaded and comes back on demand; one larger than the budget is refused naming both figures; a load
+waiting for room does not hold up a version action of the model it waits for."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -18,6 +21,7 @@ import pytest
 
 from services.gateway.settings import Settings
 from tests.gateway_harness import RunningGateway, running_gateway
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -200,3 +204,78 @@ def test_a_canary_and_a_shadow_version_the_cache_unloaded_are_loaded_again_in_th
 def loaded(cache, model: str) -> list[int]:  # type: ignore[no-untyped-def]
     resident = cache.residents.get(model)
     return sorted(resident.costs) if resident is not None else []
+
+
+class LoadStarts:
+    """The backend's own load, spied on (each load still runs): at each start, the memory the cache counts as loaded
+    plus what every load under way expects to need, which must stay within the budget."""
+
+    def __init__(self, cache, backend) -> None:  # type: ignore[no-untyped-def]
+        self.cache, self.backend, self.load = cache, backend, backend.load
+        self.under_way: dict[tuple[str, int], float] = {}
+        self.held: list[float] = []
+
+    async def spy(self, model: str, version: int) -> None:
+        self.under_way[model, version] = self.cache.expected(model, version).mb
+        self.held.append(self.cache.used_mb + sum(self.under_way.values()))
+        try:
+            await self.load(model, version)
+        finally:
+            del self.under_way[model, version]
+
+
+async def test_simultaneous_first_requests_for_more_models_than_fit_are_all_served_within_the_budget(
+    cached: RunningGateway,
+) -> None:
+    """Eight cold models asked for at once, 80 MiB where 35 are free beside the pinned m11: no two loads count on
+    the same free room, and every request is answered, those that waited for room too."""
+    cache = cache_of(cached)
+    starts = LoadStarts(cache, cached.app.state.manager.backend.inner)
+    cached.app.state.manager.backend.inner.load = starts.spy
+    async with httpx.AsyncClient(base_url=f"http://{cached.http_url}", timeout=60) as http:
+        answers = await asyncio.gather(*(http.post(f"/v2/models/{model}/infer", json=BODY) for model in MODELS[:8]))
+
+    assert [answer.status_code for answer in answers] == [200] * 8, [answer.text[:200] for answer in answers]
+    assert len(starts.held) == 8
+    assert max(starts.held) <= 45
+    assert cached.metric("switchyard_model_cache_evictions_total", reason="capacity") >= 8 - 3
+
+
+def test_a_load_waiting_for_room_does_not_hold_up_a_version_action_on_the_model_it_waits_for(
+    example_repository: Path, tmp_path: Path
+) -> None:
+    """big (20 MiB) waits for m00's room while a request is in flight on m00; an activation of m00's version 1
+    (10 MiB, which fits) loads it meanwhile instead of queueing behind big, whose wait it would prolong by holding
+    m00 (a model under a version action is never unloaded): once m00's request ends the activation ends, and big
+    unloads m00 and loads."""
+    repository = copies(example_repository, tmp_path / "repository", ["m00", "m01"])
+    copies(example_repository, repository, ["big"], declared_mb=20)
+    token = "cache-room-token"
+    settings = Settings(repository=repository, port=0, grpc_port=0, repository_poll_s=0, model_cache_mb=45,
+                        pinned_models="m01", admin_token=token)  # type: ignore[arg-type]
+    admin = {"Authorization": f"Bearer {token}"}
+    with running_gateway(settings) as running, httpx.Client(base_url=f"http://{running.http_url}", timeout=30) as http:
+        cache, leases = cache_of(running), running.app.state.dataplane.leases
+        assert http.post("/v2/models/m00/infer", json=BODY).status_code == 200
+        asyncio.run(running.on_loop(_acquire(leases, "m00", 2)))  # a request in flight on m00
+        with ThreadPoolExecutor(2) as pool:
+            big = pool.submit(http.post, "/v2/models/big/infer", json=BODY, headers={"X-Request-Timeout": "20000"})
+            waiting = wait_until(lambda: load_stage(cache, "big", 2) == "room")
+            activation = pool.submit(http.post, "/admin/models/m00/versions/1/activate", headers=admin)
+            loaded_meanwhile = wait_until(lambda: loaded(cache, "m00") == [1, 2], timeout_s=10)
+            asyncio.run(running.on_loop(_release(leases, "m00", 2)))
+            served = big.result(timeout=30)
+            activated = activation.result(timeout=30)
+
+    assert waiting
+    assert loaded_meanwhile  # not once big gave up waiting
+    assert activated.status_code == 200, activated.text
+    assert served.status_code == 200, served.text
+    assert "m00" not in cache.residents
+    assert set(cache.residents) == {"m01", "big"}
+
+
+def load_stage(cache, model: str, version: int) -> str | None:  # type: ignore[no-untyped-def]
+    """How far the cache's load of ``version`` got (queued, room, loading), None when none is under way."""
+    demand = cache._loading.get((model, version))
+    return None if demand is None else demand.stage

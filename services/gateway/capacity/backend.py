@@ -64,8 +64,8 @@ class CachedBackend:
         except MemoryDeclarationError as exc:
             raise InvalidInput(str(exc)) from None
         cache.refuse_if_too_large(model, version, expected)
-        async with cache.room:  # one load at a time: each measured alone, the budget never promised twice
-            await cache.make_room(model, version, expected.mb, load_demand.get() or Demand.background())
+        # Its turn, with room for it: measured alone, and the room it was given counted on by no other load.
+        async with cache.room_for(model, version, expected.mb, load_demand.get() or Demand.background()):
             await self._prime(model)
             before = cache.measure()
             await self.inner.load(model, version)

@@ -9,8 +9,9 @@ that is not pinned, has no request in flight (its leases: the same count a drain
 of a version action and has no request still waiting for the load that brought it in (``Demand``), once it was
 loaded at least ``model_min_residency_s`` ago (until then the load waits for it: a busier model is never unloaded in
 its place). When nothing may go, a load waits for room rather than exceed the budget: a load on demand while one of
-its requests still waits, others ``ROOM_WAIT_S``. ``model_idle_unload_s`` unloads a model no request used for that
-long, budget or not. See docs/model-cache.md."""
+its requests still waits, others ``ROOM_WAIT_S``. Loads take turns (``room_for``) from making room to counting their
+cost, so room is never promised twice; one waiting for room gives up its turn while it waits. ``model_idle_unload_s``
+unloads a model no request used for that long, budget or not. See docs/model-cache.md."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -107,11 +108,10 @@ class ModelCache:
     _loading: dict[tuple[str, int], Demand] = field(default_factory=dict)
     _evicting: dict[str, asyncio.Event] = field(default_factory=dict)
     room: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Held by a load from making room to accounting its cost: loads are measured one at a time."""
+    """A load's turn (``room_for``): held from finding room to accounting its cost, so loads are measured one at a
+    time and the room one was given is not counted on by another; never held while waiting for room."""
     _manager: VersionManager | None = None
     _idle_task: asyncio.Task[None] | None = None
-    _short_of_room: bool = False
-    """A load is waiting for room now: the loads queued behind it wait for room too."""
     _warned_pinned: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -195,7 +195,7 @@ class ModelCache:
                 f"model '{model}' version {version} was not loaded yet when the request's deadline passed (a cold "
                 "start of the model cache; it goes on loading)"
             )
-        if demand.stage == "room" or self._short_of_room:  # its own load waits for room, or the one ahead of it
+        if demand.stage == "room":
             return self._no_room(model, version, demand, "within the request's deadline")
         return DeadlineExceeded(
             f"model '{model}' version {version} was not loaded yet when the request's deadline passed (a cold start "
@@ -321,31 +321,53 @@ class ModelCache:
                 "(SWITCHYARD_PINNED_MODELS): pin fewer models, or raise SWITCHYARD_MODEL_CACHE_MB"
             )
 
-    async def make_room(self, model: str, version: int, needed_mb: float, demand: Demand) -> None:
-        """Unload least recently used models, one at a time, until ``needed_mb`` more fit; when none may go, wait
-        for one while ``demand`` is wanted. Raises ``CacheFull`` (503) when it no longer is: the deadlines of the
-        requests it is for passed (they were answered so), nobody waits for it any more, or ``ROOM_WAIT_S`` ran
-        out for a load made for no request."""
+    @contextlib.asynccontextmanager
+    async def room_for(self, model: str, version: int, needed_mb: float, demand: Demand) -> AsyncIterator[None]:
+        """The load's turn, with ``needed_mb`` free for it within the budget (``_make_room``), until it has counted its
+        cost: the loads after it find that room taken, and each load is measured alone."""
+        await self._make_room(model, version, needed_mb, demand)
+        try:
+            yield
+        finally:
+            self.room.release()
+
+    async def _make_room(self, model: str, version: int, needed_mb: float, demand: Demand) -> None:
+        """Take the load's turn (``room``) and unload least recently used models, one at a time, until ``needed_mb``
+        more fit; returns holding the turn. When none may go, give the turn up and wait for one while ``demand`` is
+        wanted: the loads behind it go ahead meanwhile (one that fits, or a version action's load of the very model
+        it waits for, which holds that model until it ends). Raises ``CacheFull`` (503) when it no longer is wanted:
+        the deadlines of the requests it is for passed (they were answered so), nobody waits for it any more, or
+        ``ROOM_WAIT_S`` ran out for a load made for no request."""
         demand.needed_mb = needed_mb
         self.refuse_if_pinned_out(model, version, needed_mb)
-        try:
-            while self.used_mb + needed_mb > self.budget_mb:
-                # Once it waited, it unloads others only while wanted: a request told "no room" was not loaded for.
-                victim = self._victim(exclude=model) if demand.stage != "room" or demand.wanted() else None
-                if victim is not None:
-                    await self.evict(victim, "capacity")
-                    continue
-                if not demand.wanted():
-                    if demand.for_requests:
-                        log.info("model cache: gave up loading model '%s' version %d: no room, and no request "
-                                 "waits for it any more", model, version)
-                    raise self._no_room(model, version, demand, "in time")
-                demand.stage = "room"
-                self._short_of_room = True
-                await asyncio.sleep(_POLL_S)
-        finally:
-            self._short_of_room = False
-        demand.stage = "loading"
+        while True:
+            await self.room.acquire()
+            try:
+                fits = await self._unload_for(model, needed_mb, demand)
+            except BaseException:
+                self.room.release()
+                raise
+            if fits:
+                demand.stage = "loading"
+                return
+            self.room.release()
+            if not demand.wanted():
+                if demand.for_requests:
+                    log.info("model cache: gave up loading model '%s' version %d: no room, and no request waits for "
+                             "it any more", model, version)
+                raise self._no_room(model, version, demand, "in time")
+            demand.stage = "room"
+            await asyncio.sleep(_POLL_S)
+
+    async def _unload_for(self, model: str, needed_mb: float, demand: Demand) -> bool:
+        """Unload least recently used models until ``needed_mb`` more fit; False when none may go now."""
+        while self.used_mb + needed_mb > self.budget_mb:
+            # Once it waited, it unloads others only while wanted: a request told "no room" was not loaded for.
+            victim = self._victim(exclude=model) if demand.stage != "room" or demand.wanted() else None
+            if victim is None:
+                return False
+            await self.evict(victim, "capacity")
+        return True
 
     async def fit_after(self, model: str) -> None:
         """A load measured more than expected: unload others until the budget holds again, without waiting."""
@@ -442,8 +464,12 @@ class ModelCache:
         limit = self.settings.model_idle_unload_s
         while True:
             await asyncio.sleep(min(1.0, limit / 2))
-            now = self.clock()
-            for model, resident in list(self.residents.items()):
+            for model in list(self.residents):
+                # Read again after each unload: one this sweep is to look at next may have been unloaded (to make
+                # room, through the API) or loaded again meanwhile.
+                resident, now = self.residents.get(model), self.clock()
+                if resident is None:
+                    continue
                 if now - resident.last_used >= limit and self._evictable(model, resident, now):
                     try:
                         await self.evict(model, "idle")
