@@ -182,6 +182,9 @@ class EmbeddedBackend:
                 runner = await asyncio.get_running_loop().run_in_executor(
                     pool, self._build_runner, entry, version, threads, plan
                 )
+        except asyncio.CancelledError:
+            self._abandon(model, version, slot, pool)
+            raise
         except Exception as exc:
             pool.shutdown(wait=False)
             slot.state = VersionState.UNAVAILABLE
@@ -211,7 +214,12 @@ class EmbeddedBackend:
         )
         slot.placement = placement
         slot.pool = pool
-        await slot.batcher.start()
+        try:
+            await slot.batcher.start()
+        except asyncio.CancelledError:
+            await slot.batcher.close()
+            self._abandon(model, version, slot, pool)
+            raise
         slot.state = VersionState.READY
         slot.plan = plan
         self._count_instances(model, version, plan, 1)
@@ -319,6 +327,15 @@ class EmbeddedBackend:
             else:
                 with contextlib.suppress(KeyError):
                     self._metrics.model_instances.remove(*labels)
+
+    def _abandon(self, model: str, version: int, slot: _Version, pool: ThreadPoolExecutor) -> None:
+        """A load whose caller went away (a gRPC client's deadline, a cancelled action) leaves nothing: its version
+        is not left LOADING, which would refuse every later load. A model file being read is read to the end on the
+        pool's thread, then dropped with it."""
+        if self._versions.get(model, {}).get(version) is slot:
+            del self._versions[model][version]
+        slot.state = VersionState.UNAVAILABLE
+        pool.shutdown(wait=False)
 
     async def _discard(self, model: str, version: int, *, drain: bool) -> None:
         slot = self._versions[model].pop(version)
