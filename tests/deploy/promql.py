@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.gateway.metrics import GatewayMetrics
 
@@ -35,6 +36,9 @@ TRITON_METRICS = frozenset({
     "nv_cpu_memory_used_bytes",
 })
 
+PROMETHEUS_SERIES = frozenset({"up"})
+"""Series Prometheus writes itself for every target it scrapes: an alert may use them, no exporter declares them."""
+
 SUFFIXES = {
     "counter": ("_total", "_created"),
     "histogram": ("_bucket", "_sum", "_count", "_created"),
@@ -48,6 +52,16 @@ def gateway_metrics() -> frozenset[str]:
     registry = CollectorRegistry()
     GatewayMetrics(registry)
     return frozenset(family.name + suffix for family in registry.collect() for suffix in SUFFIXES[family.type])
+
+
+def exposition_names(text: str) -> set[str]:
+    """Series names a /metrics answer declares: every family's names by its type (a labelled family with no child yet
+    has HELP/TYPE lines but no sample) and every sample's."""
+    names: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        names.update(family.name + suffix for suffix in SUFFIXES.get(family.type, ("",)))
+        names.update(sample.name for sample in family.samples)
+    return names
 
 
 KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
