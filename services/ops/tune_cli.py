@@ -1,8 +1,9 @@
 """``switchyard tune``: asks a running gateway to tune a model (``POST /admin/models/{m}/tune``), follows the run,
 then prints the trial table, draws the Pareto front as a PNG and says what won. A run without a winner (an SLO no
-setting meets) is an ``error:`` line naming the best p99 seen, and exit code 1. Ctrl-C cancels the run on the gateway
-(``DELETE /admin/models/{m}/tune``), says what that did, and exits 130. Only typer, rich, httpx and the standard
-library at module level: the root command imports this to register it."""
+setting meets) is an ``error:`` line naming the best p99 seen, and exit code 1. The command follows its own run by the
+id the gateway gave it (``?run=<id>``), and Ctrl-C cancels that run and no other
+(``DELETE /admin/models/{m}/tune?run=<id>``), says what that did, and exits 130. Only typer, rich, httpx and the
+standard library at module level: the root command imports this to register it."""
 
 from __future__ import annotations
 
@@ -40,12 +41,14 @@ class TuneClient(AdminClient):
     def tune(self, model: str, options: JSONObject) -> JSONObject:
         return self._call("POST", f"/admin/models/{_quoted(model)}/tune", body=options)
 
-    def tune_status(self, model: str) -> JSONObject:
-        return self._call("GET", f"/admin/models/{_quoted(model)}/tune")
+    def tune_status(self, model: str, run: str | None = None) -> JSONObject:
+        """The model's current run, or (``run``) the run of that id."""
+        return self._call("GET", f"/admin/models/{_quoted(model)}/tune{_run_query(run)}")
 
-    def tune_cancel(self, model: str) -> JSONObject:
-        """Answers once the run has stopped and its trials are unloaded."""
-        return self._call("DELETE", f"/admin/models/{_quoted(model)}/tune")
+    def tune_cancel(self, model: str, run: str | None = None) -> JSONObject:
+        """Answers once the run has stopped and its trials are unloaded; ``run``: only that run (409 when it is not
+        the model's current one)."""
+        return self._call("DELETE", f"/admin/models/{_quoted(model)}/tune{_run_query(run)}")
 
 
 def register(app: typer.Typer) -> None:
@@ -116,52 +119,63 @@ def tune(
 def _follow(
     client: TuneClient, target: Target, model: str, run: JSONObject, wait_s: float, quiet: bool
 ) -> JSONObject:
+    """Polls this command's run by its id: a run someone else starts on the model once it ends is not this one."""
     console = Console(stderr=True, highlight=False)
     deadline = time.monotonic() + wait_s
+    run_id = run.get("id")
     try:
         with Live(progress_line(run), console=console, transient=True, redirect_stdout=False) as live:
             while run["status"] == "running":
                 if time.monotonic() > deadline:
                     raise GatewayUnreachable(client.url, f"the run did not end within {wait_s:g} s", timed_out=True)
                 time.sleep(POLL_INTERVAL_S)
-                run = client.tune_status(model)
+                run = client.tune_status(model, run_id)
                 if not quiet:
                     live.update(progress_line(run))
     except KeyboardInterrupt:
-        _cancel(target, model)
+        _cancel(target, model, run_id)
         raise typer.Exit(EXIT_INTERRUPTED) from None
     return run
 
 
-def _cancel(target: Target, model: str) -> None:
+def _cancel(target: Target, model: str, run_id: str | None) -> None:
     """Ctrl-C: the run stops on the gateway too (a run left going would keep loading trials beside production for
-    the rest of its budget); one line on stderr says what happened to it."""
-    typer.echo(f"interrupted: cancelling the tuning run of '{model}' on the gateway...", err=True)
+    the rest of its budget); one line on stderr says what happened to it. Only this command's run: the DELETE names
+    its id, so a run someone else started once this one ended is left alone (the gateway answers 409)."""
+    if run_id is None:  # a gateway that gives runs no id: a DELETE could only name the model, whoever's run it has
+        typer.echo(f"interrupted: the gateway gave this run no id, so it is not cancelled blindly: "
+                   f"`{_status_hint(model)}` shows it and DELETE on that path cancels the model's run", err=True)
+        return
+    typer.echo(f"interrupted: cancelling tuning run {run_id} of '{model}' on the gateway...", err=True)
     canceller = TuneClient(target.url, target.token, timeout_s=CANCEL_TIMEOUT_S)
     try:
-        run = canceller.tune_cancel(model)
+        run = canceller.tune_cancel(model, run_id)
     except KeyboardInterrupt:
-        typer.echo(f"interrupted again before the gateway confirmed the cancel: `{_status_hint(model)}` shows whether "
-                   f"the run ended", err=True)
+        typer.echo(f"interrupted again before the gateway confirmed the cancel: `{_status_hint(model, run_id)}` shows "
+                   f"whether the run ended", err=True)
         return
-    except AdminError as exc:  # 409: it ended meanwhile; 404: the gateway restarted
+    except AdminError as exc:  # 409: it ended meanwhile (another run may have started); 404: the gateway restarted
         typer.echo(f"not cancelled: {exc.message}", err=True)
         return
     except GatewayUnreachable as exc:
         if exc.timed_out:  # the gateway took the cancel and is still unloading
             typer.echo(f"not confirmed within {CANCEL_TIMEOUT_S:g} s: the gateway is still stopping the run; "
-                       f"`{_status_hint(model)}` shows when it has", err=True)
+                       f"`{_status_hint(model, run_id)}` shows when it has", err=True)
         else:
-            typer.echo(f"not cancelled: {exc}; the run may go on in the gateway: `{_status_hint(model)}` shows it, "
-                       f"DELETE on that path cancels it", err=True)
+            typer.echo(f"not cancelled: {exc}; the run may go on in the gateway: `{_status_hint(model, run_id)}` "
+                       f"shows it, DELETE on that path cancels it", err=True)
         return
     finally:
         canceller.close()
-    typer.echo(f"cancelled: {cancelled_line(run)}", err=True)
+    typer.echo(cancelled_line(run), err=True)
 
 
-def _status_hint(model: str) -> str:
-    return f"GET /admin/models/{_quoted(model)}/tune"
+def _status_hint(model: str, run_id: str | None = None) -> str:
+    return f"GET /admin/models/{_quoted(model)}/tune{_run_query(run_id)}"
+
+
+def _run_query(run_id: str | None) -> str:
+    return f"?run={quote(run_id, safe='')}" if run_id is not None else ""
 
 
 def _report(run: JSONObject, plot: Path, as_json: bool) -> None:

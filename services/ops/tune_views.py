@@ -68,14 +68,25 @@ def summary_lines(run: JSONObject) -> list[str]:
 
 
 def cancelled_line(run: JSONObject) -> str:
-    """What a cancel did, from the run it answered with: when, in which phase, the trial it ended, what is left."""
+    """What a cancel did, from the run it answered with: when, in which phase, the trial it ended, what is left. An
+    in-place run whose serving config could not be loaded back is an ``error:`` line saying what Triton serves."""
     cancelled = run.get("cancelled") or {}
     stopped = cancelled.get("stopped")
     trials = len(run.get("trials", []))
+    measured = f"{trials} trial{'s' if trials != 1 else ''} measured"
+    phase = cancelled.get("phase") or run.get("phase")
+    restore = run.get("serving_config") or {}
+    if restore.get("restored") is False:
+        return (
+            f"error: tuning run {run.get('id')} of '{run['model']}' stopped while {phase}"
+            + (f"; {stopped} was ended" if stopped else "")
+            + f"; {measured}, nothing written; but the serving config could not be loaded back into Triton "
+            f"({restore['attempts']} attempts): {restore['error']}; {restore['serving_now']}"
+        )
     return (
-        f"the tuning run of '{run['model']}' stopped while {cancelled.get('phase') or run.get('phase')}"
+        f"cancelled: the tuning run of '{run['model']}' stopped while {phase}"
         + (f"; {stopped} was ended and unloaded" if stopped else "")
-        + f"; {trials} trial{'s' if trials != 1 else ''} measured, none left loaded, nothing written"
+        + f"; {measured}, none left loaded, nothing written"
     )
 
 

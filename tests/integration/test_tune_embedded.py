@@ -456,6 +456,71 @@ def test_tune_api_cancel_answers_404_or_409_naming_why_when_there_is_no_running_
         assert (after["status"], after["cancelled"], after["trials"]) == ("succeeded", None, finished["trials"])
 
 
+def test_tune_command_leaves_run_someone_else_started_when_interrupted_after_its_own_run_ended(
+    repository: Path, tmp_path: Path
+) -> None:
+    models = copy_models(repository, tmp_path / "repository", "mlp")
+    environment = {k: v for k, v in os.environ.items() if k not in NO_ENVIRONMENT}
+    with embedded_gateway(models) as gateway:
+        base = f"http://{gateway.http_url}"
+        command = [str(SWITCHYARD), "tune", "mlp", "--p99-ms", "100", "--budget-s", "6", "--duration", "0.3",
+                   "--concurrency", "2", "--url", base, "--token", TOKEN, "--plot", str(tmp_path / "pareto.png")]
+        with subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) as process:
+            try:
+                def measuring() -> bool:  # the command has its run's answer by now, and polls it
+                    return str(run_status(gateway, "mlp").json().get("in_progress")).startswith("trial ")
+
+                assert wait_until(measuring, 30), run_status(gateway, "mlp").text
+                # The command is held between two polls of its run (as a busy laptop might) while its run ends and
+                # someone else starts one on the model; then Ctrl-C reaches it.
+                process.send_signal(signal.SIGSTOP)
+                own = run_status(gateway, "mlp").json().get("id")
+                ended = wait_finished(gateway, "mlp", 30)
+                assert ended["status"] != "running"
+                other = start_run(gateway, "mlp", p99_ms=100, budget_s=60, duration_s=5, concurrency=[2])
+                assert other.status_code == 202, other.text
+                theirs = other.json().get("id")
+                process.send_signal(signal.SIGINT)
+                process.send_signal(signal.SIGCONT)
+                out, err = process.communicate(timeout=60)
+            finally:
+                if process.poll() is None:
+                    process.kill()
+        # The other run goes on: the command asked to cancel its own run, by id, and the gateway refused naming both.
+        current = run_status(gateway, "mlp").json()
+        assert (current["status"], current["cancelled"]) == ("running", None), err
+        assert current["id"] == theirs != own
+        assert process.returncode == 130, err
+        assert "Traceback" not in err
+        lines = err.strip().splitlines()
+        assert lines[-2].endswith(f"interrupted: cancelling tuning run {own} of 'mlp' on the gateway...")
+        assert lines[-1].startswith(
+            f"not cancelled: tuning run {own} (it has ended: {ended['status']}) is not the current run of model "
+            f"'mlp': that is run {theirs} (running, started by token:"
+        ), err
+        assert lines[-1].endswith("); neither was cancelled")
+        # Each run answers by its id, the ended one too; a DELETE naming the ended one is refused the same way.
+        named = httpx.get(f"{base}/admin/models/mlp/tune", params={"run": own}, headers=HEADERS).json()
+        assert (named["id"], named["status"], named["trials"]) == (own, ended["status"], ended["trials"])
+        refused = httpx.delete(f"{base}/admin/models/mlp/tune", params={"run": own}, headers=HEADERS, timeout=60)
+        assert refused.status_code == 409
+        assert refused.json()["error"] == lines[-1].removeprefix("not cancelled: ")
+        malformed = httpx.delete(f"{base}/admin/models/mlp/tune", params={"run": "x/../y"}, headers=HEADERS)
+        assert malformed.status_code == 400
+        assert "run must be a tuning run's id as POST answered it" in malformed.json()["error"]
+        unknown = httpx.get(f"{base}/admin/models/mlp/tune", params={"run": "0123456789ab"}, headers=HEADERS)
+        assert unknown.status_code == 404
+        assert unknown.json()["error"].startswith(
+            f"model 'mlp' has no tuning run 0123456789ab (its current run is {theirs})"
+        )
+        assert run_status(gateway, "mlp").json()["status"] == "running"
+        # Named by its own id, the current run is cancelled.
+        cancelled = httpx.delete(f"{base}/admin/models/mlp/tune", params={"run": theirs}, headers=HEADERS, timeout=60)
+        assert cancelled.status_code == 200, cancelled.text
+        assert (cancelled.json()["id"], cancelled.json()["status"]) == (theirs, "cancelled")
+
+
 class HeldUnload:
     """The real embedded trial host whose unloads wait to be let go: a slow unload (Triton loading the serving
     config back after an in-place trial takes seconds) for a cancellation to land in."""

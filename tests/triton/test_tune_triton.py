@@ -1,21 +1,33 @@
 """``switchyard tune`` on the Triton backend, against a real local Triton: each trial config loads into Triton
 under a private name beside the serving model (which keeps answering), none shows to the gateway's clients, and
-every trial is unloaded from Triton, also when the gateway stops in the middle of a run or the run is cancelled."""
+every trial is unloaded from Triton, also when the gateway stops in the middle of a run or the run is cancelled.
+An in-place run whose serving config Triton does not take back (refused by a proxy in front of the real Triton) tries
+again, and when it still fails says so everywhere an operator looks."""
 
 from __future__ import annotations
 
 import json
 import threading
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import httpx
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2
+from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+from services.gateway.backends.triton.trials import RESTORE_ATTEMPTS
+from services.gateway.tuning.candidates import Candidate, current
 from services.gateway.tuning.hosts import trial_name
-from services.tritonlocal import LocalTriton
+from services.modelrepo.config import override_json, read_config
+from services.ops.tune_views import cancelled_line
+from services.tritonlocal import LocalTriton, derive_config
 from tests.gateway_harness import RunningGateway
+from tests.triton.proxy import RecordingProxy
 from tests.triton.support import gateway_settings, local_gateway
 from tests.tuning_support import HEADERS, TOKEN, LeakWatch, run_status, start_run, tune
 from tests.waiting import wait_until
@@ -131,3 +143,183 @@ def test_tune_cancel_puts_serving_config_back_when_in_place_run_is_cancelled(
         assert all(client.is_model_ready("mlp", str(v)) for v in (1, 2))
     assert httpx.get(f"{base}/admin/models/mlp", headers=HEADERS).json()["routing"] == routing
     assert run_status(admin_gateway, "mlp").json()["status"] == "cancelled"
+
+
+_LOAD = "/inference.GRPCInferenceService/RepositoryModelLoad"
+REFUSAL = "failed to load 'mlp': out of memory (refused by the test proxy)"
+TRIAL = "i1 d500us p[-] b32"
+"""The one setting the in-place runs below measure: another than mlp's config.pbtxt (i2 d2000us p[-] b32)."""
+
+
+class RefusingProxy(RecordingProxy):
+    """The pass-through proxy in front of the real Triton that answers loads of ``model`` by a script once armed:
+    each ``True`` refuses one load as Triton refuses a load it cannot do (``INTERNAL``, with a reason) before Triton
+    sees it, each ``False`` lets one through; once the script is used up, every load goes through."""
+
+    def __init__(self, target: str, model: str) -> None:
+        super().__init__(target)
+        self._model = model
+        self._script: deque[bool] = deque()
+        self._guard = threading.Lock()
+        self.refused = 0
+
+    def arm(self, *script: bool) -> None:
+        with self._guard:
+            self._script = deque(script)
+
+    def forward(self, method: str, payload: bytes, context: grpc.ServicerContext) -> bytes:
+        if method == _LOAD and service_pb2.RepositoryModelLoadRequest.FromString(payload).model_name == self._model:
+            with self._guard:
+                refuse = self._script.popleft() if self._script else False
+                self.refused += refuse
+            if refuse:
+                context.abort(grpc.StatusCode.INTERNAL, REFUSAL)
+        return super().forward(method, payload, context)
+
+
+@pytest.fixture
+def refusing(triton: LocalTriton) -> Iterator[RefusingProxy]:
+    proxy = RefusingProxy(triton.grpc_url, "mlp")
+    proxy.start()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture
+def proxied_gateway(refusing: RefusingProxy, repository: Path) -> Iterator[RunningGateway]:
+    """The gateway (serving and trials alike) talking to the real Triton through ``refusing``."""
+    settings = gateway_settings(f"127.0.0.1:{refusing.port}", repository, admin_token=TOKEN)
+    with local_gateway(settings) as running:
+        yield running
+
+
+@pytest.fixture
+def serving_config(triton: LocalTriton, repository: Path) -> Iterator[dict[str, Any]]:
+    """mlp's config as Triton serves it before the test; put back after it, whatever the test left (the Triton is
+    the session's)."""
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        before = but_versions(client.get_model_config("mlp", as_json=True)["config"])
+        yield before
+        if but_versions(client.get_model_config("mlp", as_json=True)["config"]) != before:
+            twin = derive_config(read_config(repository / "mlp"))
+            client.load_model("mlp", config=override_json(twin, {1, 2}))
+
+
+def but_versions(config: dict[str, Any]) -> dict[str, Any]:
+    """A config Triton reports, less its version policy: a load that only adds a version leaves the versions loaded
+    before as they were, so their config still names the versions of their own load."""
+    return {key: value for key, value in config.items() if key != "version_policy"}
+
+
+def served_settings(triton: LocalTriton) -> tuple[int, int, int]:
+    """Instances, queue delay and max batch size of the config Triton serves mlp with now, asked of Triton itself
+    (the preferred batch sizes are left out: Triton completes a config without any with the max batch size)."""
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        config: ModelConfig = client.get_model_config("mlp").config
+    return settings(current(config))
+
+
+def settings(candidate: Candidate) -> tuple[int, int, int]:
+    return candidate.instances, candidate.max_queue_delay_us, candidate.max_batch_size
+
+
+def test_tune_in_place_loads_serving_config_again_when_triton_refuses_it_once(
+    proxied_gateway: RunningGateway, refusing: RefusingProxy, triton: LocalTriton, serving_config: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    refusing.arm(False, True)  # the trial's load goes through; the first load of the serving config back is refused
+    result = tune(
+        proxied_gateway, "mlp", "--p99-ms", "2000", "--in-place", "--candidate", TRIAL, "--json", "--budget-s", "15",
+        "--duration", "0.5", "--concurrency", "2", folder=tmp_path,
+    )
+    # Tried again, the load went through: production is back on its own config, and the run says so.
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        assert but_versions(client.get_model_config("mlp", as_json=True)["config"]) == serving_config
+        assert all(client.is_model_ready("mlp", str(v)) for v in (1, 2))
+    assert refusing.refused == 1
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.stdout)
+    assert (run["status"], run["serving_config"]) == ("succeeded", {"restored": True}), run["error"]
+
+
+def test_tune_in_place_run_fails_naming_what_triton_serves_when_serving_config_cannot_be_loaded_back(
+    proxied_gateway: RunningGateway, refusing: RefusingProxy, triton: LocalTriton, serving_config: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    base = f"http://{proxied_gateway.http_url}"
+    own = current(read_config(proxied_gateway.app.state.manager.catalog.entry("mlp").path))
+    refusing.arm(False, *[True] * RESTORE_ATTEMPTS)  # the trial loads; every load of the serving config back fails
+    result = tune(
+        proxied_gateway, "mlp", "--p99-ms", "2000", "--in-place", "--candidate", TRIAL, "--json", "--budget-s", "15",
+        "--duration", "0.5", "--concurrency", "2", folder=tmp_path,
+    )
+    # Production serves the trial's config still (Triton itself says so), and every place an operator looks says it.
+    assert served_settings(triton) == settings(Candidate.parse(TRIAL)) != settings(own)
+    assert result.exit_code == 1, result.output
+    run = json.loads(result.stdout)
+    assert run["status"] == "failed"
+    assert refusing.refused == RESTORE_ATTEMPTS
+    serving_now = (
+        f"Triton serves version(s) 1, 2 of 'mlp' with the trial's settings ({TRIAL}), not its own ({own.label})"
+    )
+    assert run["winner"] is None
+    assert run["serving_config"] == {
+        "restored": False, "attempts": RESTORE_ATTEMPTS, "serving_now": serving_now,
+        "error": f"loading model 'mlp' version(s) [1, 2] failed: {REFUSAL}",
+    }
+    assert run["error"].startswith(
+        f"the serving config of model 'mlp' could not be loaded back into Triton after an in-place trial "
+        f"({RESTORE_ATTEMPTS} attempts): loading model 'mlp' version(s) [1, 2] failed: {REFUSAL}; {serving_now}; "
+    )
+    assert result.stderr.strip().splitlines()[-1] == f"error: {run['error']}"
+    assert [t["label"] for t in run["trials"]] == [TRIAL]  # what it measured is kept
+    status = httpx.get(f"{base}/admin/models/mlp", headers=HEADERS).json()
+    notes = {v["version"]: v["note"] for v in status["loaded"]}
+    assert set(notes) == {1, 2}
+    assert all(note.startswith(f"{serving_now}: tuning run {run['id']} could not load its own config back (")
+               for note in notes.values()), notes
+    events = httpx.get(f"{base}/admin/models/mlp/events", headers=HEADERS).json()["events"]
+    tuned = [e for e in events if e["action"] == "tune"]
+    assert [(e["result"], e["error"], e["detail"]["run"]) for e in tuned] == [("failed", run["error"], run["id"])]
+    assert tuned[0]["detail"]["serving_config"] == run["serving_config"]
+    # What the error says to do puts it back: an unload and a load of the version that is not the stable one.
+    for action in ("unload", "load"):
+        answer = httpx.post(f"{base}/admin/models/mlp/versions/1/{action}", headers=HEADERS, timeout=120)
+        assert answer.status_code == 200, answer.text
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        assert but_versions(client.get_model_config("mlp", as_json=True)["config"]) == serving_config
+        assert all(client.is_model_ready("mlp", str(v)) for v in (1, 2))
+
+
+def test_tune_cancel_says_serving_config_is_not_back_when_triton_refuses_it_after_in_place_run(
+    proxied_gateway: RunningGateway, refusing: RefusingProxy, triton: LocalTriton, serving_config: dict[str, Any],
+) -> None:
+    base = f"http://{proxied_gateway.http_url}"
+    refusing.arm(False, *[True] * RESTORE_ATTEMPTS)  # the trial loads; every load of the serving config back fails
+    started = start_run(proxied_gateway, "mlp", p99_ms=2000, in_place=True, budget_s=60, duration_s=5,
+                        concurrency=[2], candidates=[TRIAL])
+    assert started.status_code == 202, started.text
+    trial_served = settings(Candidate.parse(TRIAL))
+    assert wait_until(lambda: served_settings(triton) == trial_served, 60, 0.05), run_status(proxied_gateway, "mlp")
+    cancelled = httpx.delete(f"{base}/admin/models/mlp/tune", headers=HEADERS, timeout=120)
+    assert cancelled.status_code == 200, cancelled.text
+    run = cancelled.json()
+    assert run["status"] == "cancelled"
+    assert "; but the serving config of model 'mlp' could not be loaded back into Triton" in run["error"]
+    assert run["serving_config"]["restored"] is False
+    assert run["serving_config"]["error"] == f"loading model 'mlp' version(s) [1, 2] failed: {REFUSAL}"
+    assert f"with the trial's settings ({TRIAL}), not its own" in run["serving_config"]["serving_now"]
+    assert run["error"].startswith(f"cancelled by {run['cancelled']['by']} at {run['cancelled']['at']} while ")
+    assert "was ended and unloaded" not in run["error"]
+    # What `switchyard tune` prints of this answer when Ctrl-C cancelled its run.
+    assert cancelled_line(run) == (
+        f"error: tuning run {run['id']} of 'mlp' stopped while {run['cancelled']['phase']}; "
+        f"{run['cancelled']['stopped']} was ended; 0 trials measured, nothing written; but the serving config could "
+        f"not be loaded back into Triton ({RESTORE_ATTEMPTS} attempts): {run['serving_config']['error']}; "
+        f"{run['serving_config']['serving_now']}"
+    )
+    assert served_settings(triton) == trial_served
+    events = httpx.get(f"{base}/admin/models/mlp/events", headers=HEADERS).json()["events"]
+    assert [(e["result"], e["error"], e["actor"]) for e in events if e["action"] == "tune"] == [
+        ("failed", run["error"], run["cancelled"]["by"])
+    ]

@@ -168,16 +168,20 @@ class AdminEndpoints:
         return response
 
     async def tune_status(self, request: Request) -> Response:
+        """The model's current tuning run, or (``?run=<id>``) the run of that id."""
+
         async def status(actor: str) -> Any:
-            return self._tuning().status(_model(request)).to_json()
+            return self._tuning().status(_model(request), request.query_params.get("run")).to_json()
 
         return await self._answer(request, status, operator=False)
 
     async def tune_cancel(self, request: Request) -> Response:
-        """Stops the model's running tuning run; answers once its trials are unloaded, with its final status."""
+        """Stops the model's running tuning run (``?run=<id>``: only if that is it; 409 naming both ids if not);
+        answers once its trials are unloaded, with its final status."""
 
         async def act(actor: str) -> Any:
-            return (await self._tuning().cancel(_model(request), actor)).to_json()
+            run = request.query_params.get("run")
+            return (await self._tuning().cancel(_model(request), actor, run)).to_json()
 
         return await self._answer(request, act)
 

@@ -316,14 +316,27 @@ def _admin_paths() -> Json:
                                               "one's; changes nothing", "AdminReport", action, parameters=versioned)},
         f"{model}/tune": {
             "post": _accepted(_admin("adminTuneStart", "Start tuning the model's batching and instances in the "
-                                     "background (body: p99_ms, concurrency, duration_s, budget_s, write, ...)",
-                                     "AdminReport", ("400", "404", "409", "503"))),
-            "get": _admin("adminTuneStatus", "The tuning run's progress and result", "AdminReport", ("404", "503")),
-            "delete": _admin("adminTuneCancel", "Cancel the running tuning run: its trial in progress ends, every "
-                             "trial is unloaded, nothing is written; answers its final status (404: no run; 409: "
-                             "it has ended, or is writing its winner)", "AdminReport", ("404", "409", "503")),
+                                     "background (body: p99_ms, concurrency, duration_s, budget_s, write, ...); the "
+                                     "answer's id names the run", "AdminReport", ("400", "404", "409", "503"))),
+            "get": _run_query(_admin("adminTuneStatus", "The tuning run's progress and result: the model's current "
+                                     "run, or the run of the id given", "AdminReport", ("400", "404", "503"))),
+            "delete": _run_query(_admin("adminTuneCancel", "Cancel the running tuning run: its trial in progress "
+                                        "ends, every trial is unloaded, nothing is written; answers its final status "
+                                        "(404: no run; 409: the run named is not the model's current run, or it has "
+                                        "ended, or is writing its winner)", "AdminReport",
+                                        ("400", "404", "409", "503"))),
         },
     }
+
+
+def _run_query(spec: Json) -> Json:
+    """A tuning call that may name its run: ``?run=<id>``, the id ``POST .../tune`` answered."""
+    spec["parameters"].append({
+        "name": "run", "in": "query", "required": False,
+        "description": "The tuning run's id, as POST answered it: that run only (without it: the model's current run)",
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+    })
+    return spec
 
 
 def _accepted(spec: Json) -> Json:

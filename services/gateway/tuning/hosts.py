@@ -63,7 +63,9 @@ class TrialHost(Protocol):
         """Run one request on the trial; raises ``GatewayError`` when it fails."""
 
     async def unload(self, name: str) -> None:
-        """Unload the trial (for an in-place trial: put the serving config back); never raises."""
+        """Unload the trial (for an in-place trial: put the serving config back). Raises ``GatewayError`` only when an
+        in-place trial's serving config could not be put back (production serves the trial's config): the run must
+        end saying so; a trial beside the model that fails to unload is logged."""
 
     async def close(self) -> None:
         """Unload whatever is still loaded and release the host's resources."""

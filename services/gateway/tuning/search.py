@@ -170,6 +170,7 @@ class Search:
         name = self._name(number)
         measurements: list[Measurement] = []
         error = None
+        unload_error: GatewayError | None = None
         self.state.in_progress = f"trial {number} ({candidate.label})"
         try:
             await self._load(name, applied(self._entry.config, candidate, name=name))
@@ -190,6 +191,8 @@ class Search:
         finally:
             try:
                 await to_the_end(self._host.unload(name))
+            except GatewayError as exc:  # in place: the serving config is not back; the run ends, this trial kept
+                unload_error = exc
             finally:
                 self.state.in_progress = None
         trial = Trial(number, round_, candidate, default, tuple(measurements), error)
@@ -199,6 +202,8 @@ class Search:
             for m in measurements
         )
         log.info("tuning '%s': trial %d round %d %s: %s", self._entry.name, number, round_, candidate.label, figures)
+        if unload_error is not None:
+            raise unload_error
         return trial
 
     async def _load(self, name: str, config: mc.ModelConfig) -> None:

@@ -1,7 +1,9 @@
 """Tuning trials on Triton: a trial config loads into the same Triton under a private model name, with a complete
 config override and the version's model file sent along (Triton's load with override files), so the serving model
 and its config are untouched. In place (``--in-place``) the override goes to the serving model itself and the
-serving config is loaded back afterwards.
+serving config is loaded back afterwards: tried ``RESTORE_ATTEMPTS`` times, and when it still fails the unload raises
+``ServingConfigNotRestored`` with Triton's reason and what Triton serves the model with now, so that the run ends
+saying so instead of leaving production on a trial's config unannounced.
 
 Trials have their own channels, circuit breaker and no metrics: a failing trial never opens the serving breaker,
 and no metric label names a trial.
@@ -9,10 +11,13 @@ and no metric label names a trial.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -39,6 +44,44 @@ log = logging.getLogger(__name__)
 Serving = Callable[[str], tuple[mc.ModelConfig, set[int]]]
 """model -> the config the serving backend loads it with, and the versions it keeps loaded."""
 
+RESTORE_ATTEMPTS = 3
+RESTORE_PAUSES_S = (1.0, 2.0)
+"""The pauses before the second and third attempt to load the serving config back: a Triton that was busy, or
+restarting, gets a moment; a refusal that stands is reported a few seconds later."""
+
+
+@dataclass(frozen=True)
+class NotRestored:
+    """An in-place trial after which the serving config could not be loaded back, and what Triton serves now."""
+
+    model: str
+    reason: str
+    """The last attempt's error, in Triton's words."""
+    attempts: int
+    trial: mc.ModelConfig
+    """The trial's config, as sent to Triton."""
+    serving: mc.ModelConfig
+    """The serving config, as the attempts sent it."""
+    ready: tuple[int, ...] | None = None
+    """The versions Triton reports READY now; ``None`` when its index could not be read."""
+    config: mc.ModelConfig | None = None
+    """The config Triton serves the model with now, as Triton reports it (completed with its defaults); ``None`` when
+    it could not be read (or no version is ready)."""
+    unread: str | None = None
+    """Why ``ready`` or ``config`` could not be read."""
+
+
+class ServingConfigNotRestored(GatewayError):
+    """An in-place trial's unload could not load the serving config back (``failure`` says what Triton serves)."""
+
+    def __init__(self, failure: NotRestored) -> None:
+        super().__init__(
+            f"the serving config of model '{failure.model}' could not be loaded back into Triton after an in-place "
+            f"trial ({failure.attempts} attempts): {failure.reason}",
+            503,
+        )
+        self.failure = failure
+
 
 class TritonTrials:
     def __init__(self, settings: Settings, transform: ConfigTransform, serving: Serving) -> None:
@@ -50,7 +93,10 @@ class TritonTrials:
         self._calls = TritonCalls(breaker, self._errors, settings, None)
         self._channels: TritonChannels | None = None
         self._loaded: set[str] = set()
-        self._in_place: set[str] = set()
+        self._in_place: dict[str, mc.ModelConfig] = {}
+        """In-place trials loaded: model -> the trial config sent."""
+        self.not_restored: NotRestored | None = None
+        """The last in-place trial whose serving config could not be loaded back (``None``: none so far)."""
 
     def _control(self) -> ModelControl:
         if self._channels is None:
@@ -64,7 +110,7 @@ class TritonTrials:
         twin = self._transform(config)
         if in_place:
             versions, files = self._serving(name)[1] | {version}, None
-            self._in_place.add(name)
+            self._in_place[name] = twin
         else:
             versions, files = {version}, _files(entry, version, twin)
         self._loaded.add(name)
@@ -90,23 +136,67 @@ class TritonTrials:
         await self._calls.infer(request, version=version, timeout_s=None, priority=0)
 
     async def unload(self, name: str) -> None:
+        """Unload a trial; an in-place one: load the serving config back, and raise ``ServingConfigNotRestored`` when
+        that still fails after ``RESTORE_ATTEMPTS`` tries (a trial beside the model only logs a failed unload: the
+        serving model is untouched by it)."""
         if name not in self._loaded:
             return
         self._loaded.discard(name)
         control, timeout = self._control(), self._settings.triton_load_timeout_s
+        trial = self._in_place.pop(name, None)
+        if trial is not None:
+            await self._restore(name, trial, control, timeout)
+            return
         try:
-            if name in self._in_place:
-                self._in_place.discard(name)
-                config, versions = self._serving(name)
-                await control.load(name, config, versions, timeout_s=timeout)
-            else:
-                await control.unload(name, timeout_s=timeout)
+            await control.unload(name, timeout_s=timeout)
         except ModelControlError as exc:
             log.error("tuning: unloading trial '%s' from Triton failed: %s", name, exc)
 
+    async def _restore(self, name: str, trial: mc.ModelConfig, control: ModelControl, timeout: float) -> None:
+        config, versions = self._serving(name)
+        reason = ""
+        for attempt in range(1, RESTORE_ATTEMPTS + 1):
+            try:
+                await control.load(name, config, versions, timeout_s=timeout)
+            except ModelControlError as exc:
+                reason = str(exc)
+                log.warning("tuning: loading the serving config of '%s' back into Triton failed (attempt %d of %d): %s",
+                            name, attempt, RESTORE_ATTEMPTS, reason)
+            else:
+                if attempt > 1:
+                    log.warning("tuning: the serving config of '%s' is loaded back (attempt %d)", name, attempt)
+                return
+            if attempt < RESTORE_ATTEMPTS:
+                await asyncio.sleep(RESTORE_PAUSES_S[attempt - 1])
+        failure = await self._served_now(NotRestored(name, reason, RESTORE_ATTEMPTS, trial, config), control)
+        self.not_restored = failure
+        error = ServingConfigNotRestored(failure)
+        log.error("tuning: %s; Triton reports version(s) %s of it READY", error, list(failure.ready or ()))
+        raise error
+
+    async def _served_now(self, failure: NotRestored, control: ModelControl) -> NotRestored:
+        """``failure`` with what Triton serves the model with now, as far as it says."""
+        assert self._channels is not None
+        name, timeout = failure.model, self._settings.triton_control_timeout_s
+        try:
+            index = await control.index(timeout)
+        except ModelControlError as exc:
+            return replace(failure, unread=f"Triton's index: {exc}")
+        ready = tuple(sorted(v for v, state in index.get(name, {}).items() if state == "READY"))
+        if not ready:  # no config to read; the backend's health probe loads the serving config when it sees this
+            return replace(failure, ready=ready)
+        try:
+            answer = await self._channels.client.get_model_config(name, client_timeout=timeout)
+        except InferenceServerException as exc:
+            return replace(failure, ready=ready, unread=f"its config: {exc.message() or exc}")
+        except grpc.RpcError as exc:
+            return replace(failure, ready=ready, unread=f"its config: {exc}")
+        return replace(failure, ready=ready, config=answer.config)
+
     async def close(self) -> None:
         for name in sorted(self._loaded):
-            await self.unload(name)
+            with contextlib.suppress(ServingConfigNotRestored):  # kept as ``not_restored``; unload the others still
+                await self.unload(name)
         if self._channels is not None:
             await self._channels.close()
             self._channels = self._calls.channels = None
