@@ -190,6 +190,17 @@ async def test_answers_wait_for_room_when_the_client_stops_reading() -> None:
     assert sixth.cancelled()
 
 
+async def test_a_request_answered_with_no_response_does_not_count_as_the_stream_timing_out() -> None:
+    """A decoupled model may answer a request with no response at all. The writer, waiting on an idle stream, is
+    woken when that request finishes and finds no answer: that wake is not its idle timeout, which has not passed."""
+    exchange = _Exchange(max_inflight=2)
+    writer = asyncio.create_task(exchange.wait(30))
+    await asyncio.sleep(0)
+    exchange.inflight += 1  # the reader takes a request in...
+    exchange.finished()  # ...and its task ends without queueing an answer
+    assert await asyncio.wait_for(writer, 1) is True
+
+
 async def test_streams_past_the_open_limit_are_refused_until_one_ends(app_parts: tuple[Any, ScriptedBackend]) -> None:
     dataplane, _ = app_parts
     streams = StreamService(dataplane, max_inflight=4, idle_timeout_s=0, max_open=2)

@@ -64,7 +64,7 @@ class _Exchange:
         """Answers that may wait for the client to read them: past it a request's next answer waits (a decoupled
         model's many responses, held back by a client that stops reading)."""
         self._reader: asyncio.Future[None] | None = None
-        self._writer: asyncio.Future[None] | None = None
+        self._writer: asyncio.Future[object] | None = None
         self._senders: asyncio.Future[None] | None = None
 
     async def slot(self) -> None:
@@ -101,20 +101,31 @@ class _Exchange:
         return answer
 
     async def wait(self, timeout_s: float | None) -> bool:
-        """Wait for an answer or a change in the stream's state; False when ``timeout_s`` passed first."""
+        """Wait for an answer or a change in the stream's state; False when ``timeout_s`` passed first with nothing
+        to do. A wake with nothing to write is not a timeout: a request a decoupled model answered with no response
+        at all wakes the writer when it finishes, and the stream is then as idle as before, not idle for long."""
         loop = asyncio.get_running_loop()
         waiter = self._writer = loop.create_future()
-        timer = None if timeout_s is None else loop.call_later(timeout_s, _wake, waiter)
+        timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, waiter)
         try:
             await waiter
         finally:
             self._writer = None
             if timer is not None:
                 timer.cancel()
-        return timer is None or bool(self.answers) or self.inflight > 0 or not self.reading
+        return waiter.result() is not _EXPIRED or bool(self.answers) or self.inflight > 0 or not self.reading
 
 
-def _wake(waiter: asyncio.Future[None] | None) -> None:
+_EXPIRED = object()
+"""What an idle writer's wait is woken with when its timeout passed."""
+
+
+def _expire(waiter: asyncio.Future[object]) -> None:
+    if not waiter.done():
+        waiter.set_result(_EXPIRED)
+
+
+def _wake(waiter: asyncio.Future[Any] | None) -> None:
     if waiter is not None and not waiter.done():
         waiter.set_result(None)
 
