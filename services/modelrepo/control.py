@@ -102,7 +102,7 @@ class ModelControl:
             if not moving and missing:
                 raise ModelControlError(f"Triton did not load model '{model}' version(s) {missing}", "NOT_LOADED")
             if time.monotonic() > deadline:
-                raise ModelControlError(f"model '{model}' did not settle in Triton: {states}", "NOT_SETTLED")
+                raise ModelControlError(_unsettled(model, states, moving, extra), "NOT_SETTLED")
             await asyncio.sleep(self._poll_s)
 
     @staticmethod
@@ -117,3 +117,17 @@ class ModelControl:
             raise ModelControlError(f"{action} failed: {exc}", code) from None
         except OSError as exc:
             raise ModelControlError(f"{action} failed: {exc}", "UNAVAILABLE") from None
+
+
+def _unsettled(model: str, states: dict[int, str], moving: list[int], extra: list[int]) -> str:
+    """Why ``model`` did not settle: what Triton reported last, and for versions it still serves that the last load
+    dropped, the likely cause (Triton unloads them by itself within seconds)."""
+    text = f"model '{model}' did not settle in Triton: {states}"
+    if extra and not moving:
+        text += (
+            f"; version(s) {sorted(extra)} are still READY after the load that dropped them: another client of this "
+            "Triton loads them back (a second gateway in front of it with a routing state of its own? gateways in "
+            "front of one Triton share one state: SWITCHYARD_STATE_PATH or SWITCHYARD_REDIS_URL)"
+        )
+    return text
+

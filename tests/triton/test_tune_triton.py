@@ -25,14 +25,22 @@ from services.gateway.tuning.candidates import Candidate, current
 from services.gateway.tuning.hosts import trial_name
 from services.modelrepo.config import override_json, read_config
 from services.ops.tune_views import cancelled_line
-from services.tritonlocal import LocalTriton, derive_config
+from services.tritonlocal import LocalTriton, TritonInstall, derive_config
 from tests.gateway_harness import RunningGateway
 from tests.triton.proxy import RecordingProxy
-from tests.triton.support import gateway_settings, local_gateway
+from tests.triton.support import gateway_settings, local_gateway, local_triton
 from tests.tuning_support import HEADERS, TOKEN, LeakWatch, run_status, start_run, tune
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow  # real trials in a real Triton, measured against the clock
+
+
+@pytest.fixture(scope="module")
+def triton(install: TritonInstall, repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
+    """A Triton of this file's own. The session's Triton may have another gateway in front of it (the ``gateway``
+    fixture), whose health probe loads back the versions it serves when an in-place run's remedy unloads one."""
+    with local_triton(repository, tmp_path_factory.mktemp("tune-triton"), install) as server:
+        yield server
 
 
 @pytest.fixture
@@ -282,6 +290,13 @@ def test_tune_in_place_run_fails_naming_what_triton_serves_when_serving_config_c
     tuned = [e for e in events if e["action"] == "tune"]
     assert [(e["result"], e["error"], e["detail"]["run"]) for e in tuned] == [("failed", run["error"], run["id"])]
     assert tuned[0]["detail"]["serving_config"] == run["serving_config"]
+    # What the error says to do puts it back: an unload and a load of the version that is not the stable one.
+    for action in ("unload", "load"):
+        answer = httpx.post(f"{base}/admin/models/mlp/versions/1/{action}", headers=HEADERS, timeout=120)
+        assert answer.status_code == 200, answer.text
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        assert but_versions(client.get_model_config("mlp", as_json=True)["config"]) == serving_config
+        assert all(client.is_model_ready("mlp", str(v)) for v in (1, 2))
 
 
 def test_tune_cancel_says_serving_config_is_not_back_when_triton_refuses_it_after_in_place_run(
