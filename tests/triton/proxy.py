@@ -17,13 +17,17 @@ _INFER = "/inference.GRPCInferenceService/ModelInfer"
 class RecordingProxy:
     """Forwards unary calls byte for byte to ``target``; ``start()`` returns the port it listens on."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, *, deadline_slack_s: float = 0.0) -> None:
+        self._deadline_slack_s = deadline_slack_s
+        """Added to a forwarded call's deadline: the proxy's own hop must not eat a budget Triton is to enforce."""
         self._channel = grpc.insecure_channel(target)
         self._server = grpc.server(ThreadPoolExecutor(max_workers=16), handlers=[_Forward(self)])
         self._lock = threading.Lock()
         self.requests: list[Any] = []
         self.deadlines: list[float | None] = []
         """Seconds left of each recorded call's gRPC deadline when it arrived (``None``: no deadline)."""
+        self.outcomes: dict[str, str] = {}
+        """How Triton answered each forwarded inference request, by request id: ``OK`` or the gRPC status name."""
         self.hold = threading.Event()
         self._released = threading.Event()
         self.port = 0
@@ -53,12 +57,19 @@ class RecordingProxy:
         call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = self._channel.unary_unary(method)
         remaining = context.time_remaining()
         # A call without a deadline has an infinite one, given as a huge figure: as a timeout it reads as past.
-        timeout = remaining if remaining is not None and remaining < 1e9 else None
+        timeout = remaining + self._deadline_slack_s if remaining is not None and remaining < 1e9 else None
         try:
             response: bytes = call(payload, timeout=timeout)
         except grpc.RpcError as exc:
+            self._outcome(method, payload, exc.code().name)
             context.abort(exc.code(), exc.details() or "")
+        self._outcome(method, payload, "OK")
         return response
+
+    def _outcome(self, method: str, payload: bytes, outcome: str) -> None:
+        if method == _INFER:
+            with self._lock:
+                self.outcomes[service_pb2.ModelInferRequest.FromString(payload).id] = outcome
 
 
 class _Forward(grpc.GenericRpcHandler):

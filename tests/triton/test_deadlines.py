@@ -28,7 +28,10 @@ pending; four full batches (~100-200 ms each) ahead of it are far beyond its 100
 
 @pytest.fixture
 def proxy(triton: LocalTriton) -> Iterator[RecordingProxy]:
-    recording = RecordingProxy(triton.grpc_url)
+    # The gateway's deadline and Triton's queue timeout are the same budget, and under load this proxy's own hop (a
+    # Python server in the test's process) may eat it before Triton has the request: Triton would then never queue
+    # it, and what is under test is that Triton drops it from its queue by its timeout parameter.
+    recording = RecordingProxy(triton.grpc_url, deadline_slack_s=1.0)
     recording.start()
     try:
         yield recording
@@ -70,7 +73,7 @@ async def test_request_gets_504_and_triton_its_timeout_when_budget_expires_in_tr
     # Triton dropped it from its queue without running it: only the flood's rows were executed.
     after = statistics(triton, "classifier", 1, at_least=before["inference_count"] + FLOOD * 32)
     assert after["inference_count"] - before["inference_count"] == FLOOD * 32, (before, after)
-    assert after["fail"] - before["fail"] == 1, (before, after)
+    assert after["fail"] - before["fail"] == 1, (before, after, proxy.outcomes.get("late-1"), seconds)
     print(f"\n504 after {seconds * 1e3:.0f} ms; Triton got timeout={timeout_us} us and dropped the request")
 
 
