@@ -297,6 +297,9 @@ def test_tune_in_place_run_fails_naming_what_triton_serves_when_serving_config_c
     with grpcclient.InferenceServerClient(triton.grpc_url) as client:
         assert but_versions(client.get_model_config("mlp", as_json=True)["config"]) == serving_config
         assert all(client.is_model_ready("mlp", str(v)) for v in (1, 2))
+    # What was said of the trial's settings no longer holds once the model's own config is back, version 2's too.
+    status = httpx.get(f"{base}/admin/models/mlp", headers=HEADERS).json()
+    assert {v["version"]: v["note"] for v in status["loaded"]} == {1: None, 2: None}
 
 
 def test_tune_cancel_says_serving_config_is_not_back_when_triton_refuses_it_after_in_place_run(

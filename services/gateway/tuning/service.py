@@ -282,9 +282,11 @@ class TuneService:
     async def _restore_outcome(self, run: TuneRun, failure: NotRestored | None) -> None:
         """An in-place run says whether the serving config is back. When it is not, the run does not end as a
         success (nor as a plain cancel), the versions Triton serves with a trial's config say so in the admin API
-        until they are loaded again, and the audit log has it (a cancel's event is written by ``cancel``)."""
+        until the model's own config is sent again, and the audit log has it (a cancel's event is written by
+        ``cancel``)."""
         if failure is None:
             run.serving_config = {"restored": True}
+            self._manager.config_notes.pop(run.model, None)  # an earlier run's, if any: its own config is back
             return
         serving_now, changed = _serving_now(failure)
         # Any load or unload through the gateway sends the model's whole config to Triton again (backends/triton).
@@ -305,8 +307,8 @@ class TuneService:
             run.status, run.error = "failed", problem
         if changed:
             note = f"{serving_now}: tuning run {run.id} could not load its own config back ({failure.reason}){fix}"
-            for version in failure.ready or self._manager.backend.models().get(run.model, {}):
-                self._manager.notes[run.model, version] = note
+            versions = failure.ready or tuple(self._manager.backend.models().get(run.model, {}))
+            self._manager.config_notes[run.model] = (frozenset(versions), note)
         if run.cancelled is None:  # a run that ended by itself, or by the gateway stopping: no DELETE records it
             await self._manager.record(
                 Event("tune", run.model, "failed", {"version": run.version}, error=run.error, actor=run.actor,

@@ -75,6 +75,12 @@ class VersionManager:
         it routes by that generation or a newer one (the admin API names it as the model's problem)."""
         self.notes: dict[tuple[str, int], str] = {}
         """(model, version) -> what to know of a version that serves: its invented warm-up failed (the index says)."""
+        self.config_notes: dict[str, tuple[frozenset[int], str]] = {}
+        """model -> the versions a model server serves with another config than the model's own (an in-place tuning
+        trial's it did not take back), and what to say of them: until the backend sends the model's config again."""
+        config_sent = getattr(backend, "config_sent", None)  # the Triton backend: each load or unload sends it whole
+        if config_sent is not None:
+            config_sent.append(lambda model: self.config_notes.pop(model, None))
         self._held: dict[str, str] = {}
         """model -> the ``since`` of the canary whose promotion waits for its version to be ready (logged once)."""
         self.last_replay: dict[str, dict[str, Any]] = {}
@@ -450,6 +456,14 @@ class VersionManager:
             await self.store.append_event(event)
         except StateError as exc:  # the audit log must not undo an action that succeeded
             log.error("audit event not written (%s): %s", exc, event)
+
+    def note(self, model: str, version: int) -> str | None:
+        """What to know of a version that serves (``notes``, ``config_notes``), ``None``: nothing."""
+        own = self.notes.get((model, version))
+        foreign = self.config_notes.get(model)
+        if foreign is None or version not in foreign[0]:
+            return own
+        return foreign[1] if own is None else f"{foreign[1]}; {own}"
 
     def drain_timeout(self, requested: float | None) -> float:
         return self.settings.drain_timeout_s if requested is None else requested

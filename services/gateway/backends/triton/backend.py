@@ -12,7 +12,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 
 from tritonclient.grpc import model_config_pb2, service_pb2
 
@@ -68,6 +68,9 @@ class TritonBackend(TritonHealth):
         self._retiring: set[asyncio.Task[None]] = set()
         """Channels replaced by new ones (new TLS files), closing once their calls are over."""
         self._probe: asyncio.Task[None] | None = None
+        self.config_sent: list[Callable[[str], None]] = []
+        """Called with a model's name once Triton serves what this backend last sent it (its own config, or nothing):
+        what was said of a config Triton held instead (a tuning trial's it did not take back) no longer holds."""
         self._live = False
         self._calls = TritonCalls(self._breaker, self._errors, settings, metrics)
         self.shared_memory: TritonSharedMemory | None = None
@@ -253,6 +256,8 @@ class TritonBackend(TritonHealth):
             self._last_reload[model] = time.monotonic()
         for version in versions:
             self._failures[model].pop(version, None)
+        for listener in self.config_sent:
+            listener(model)
 
     def _record_failures(self, model: str, versions: set[int], error: GatewayError) -> None:
         states = self._states.get(model, {})
