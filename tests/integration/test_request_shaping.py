@@ -325,9 +325,9 @@ def _busy_grpc_request(iterations: int) -> Any:
 
 
 def _gone(gateway: RunningGateway) -> float:
-    """Cancelled requests of ``busy`` over gRPC (the version label is empty: a cancel is counted by the front end,
-    which does not know the version the request was routed to)."""
-    return gateway.metric("switchyard_requests_total", model="busy", version="", protocol="grpc", code="499")
+    """Cancelled requests of ``busy`` over gRPC, counted against the version they were routed to (the request names
+    none)."""
+    return gateway.metric("switchyard_requests_total", model="busy", version="1", protocol="grpc", code="499")
 
 
 def test_grpc_calls_and_stream_requests_their_clients_cancel_are_counted_as_499(shaped: RunningGateway) -> None:

@@ -85,6 +85,7 @@ class StreamedRequests:
                 version = self._routed(request, header)
             except ColdVersion as cold:
                 version = await route_cold(self.cache, self.router, cold, request, header)
+            request.routed = version
             quota = request.quota
             if quota is not None:
                 quota.take()  # held for the whole sequence, as the lease is

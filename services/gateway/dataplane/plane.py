@@ -178,6 +178,7 @@ class DataPlane(StreamedRequests):
                 version = self._routed(request, header)
             except ColdVersion as cold:  # the model cache loads it for this request
                 version = await route_cold(self.cache, self.router, cold, request, header)
+            request.routed = version
             quota = request.quota
             if quota is not None:
                 quota.take()  # the key's own share first: a key over it takes none of the model's slots

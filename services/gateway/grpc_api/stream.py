@@ -31,7 +31,7 @@ from tritonclient.grpc import service_pb2
 
 from services.gateway.dataplane import DataPlane
 from services.gateway.errors import GatewayError, InferenceFailed, InvalidInput, shown, unexpected
-from services.gateway.grpc_api.cancelled import count_cancelled
+from services.gateway.grpc_api.cancelled import count_cancelled, counted_version
 from services.gateway.grpc_api.codec import decode_request, encode_response
 from services.gateway.shaping.shaper import Admitted
 from services.gateway.tensors.regions import tensor_regions
@@ -257,6 +257,7 @@ class StreamService:
         """A request's task: put its answers on the stream, its responses or one error response naming it. One
         coroutine for the request's own steps (each level of awaiting costs on every suspension and resumption)."""
         admitted = Admitted()
+        decoded: InferRequest | None = None
         try:
             started = time.monotonic()
             dataplane = self._dataplane
@@ -301,7 +302,8 @@ class StreamService:
                 dataplane.record_error(decoded.model, decoded.version, PROTOCOL, error, admitted.tenant)
                 await exchange.put(_error(request.id, error))
         except asyncio.CancelledError:  # the stream ended under it: its client went away, or its deadline passed
-            count_cancelled(self._dataplane, context, request.model_name, request.model_version, admitted.tenant,
+            version = request.model_version if decoded is None else counted_version(decoded)
+            count_cancelled(self._dataplane, context, request.model_name, version, admitted.tenant,
                             stopping=self.stopping)
             raise
         finally:

@@ -103,6 +103,8 @@ class InferRequest:
     """Requested outputs the client wants written into its shared memory, by name."""
     quota: Quota | None = None
     """The API key's requests-in-flight share (``concurrency`` in the keys file), taken while it is served."""
+    routed: int | None = None
+    """The version the dataplane routed it to, once routed: a request gRPC cancels is counted against it."""
 
 
 @dataclass(slots=True)
