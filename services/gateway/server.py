@@ -44,6 +44,9 @@ def uvicorn_config(
     # The advertised idle timeout lets clients that honour it (undici, browsers) drop a connection before the
     # gateway closes it, the race in which a reused connection fails at the transport.
     keep_alive = [("keep-alive", f"timeout={int(settings.keep_alive_s)}")] if settings.keep_alive_s >= 1 else []
+    protocol = protocol_class(limits, getattr(app, "lane", None))
+    if tls is not None:  # a client of a CA removed from the CA file must not keep the connection it opened before
+        tls.client_ca_removed.append(protocol.close_client_authenticated)
     return uvicorn.Config(
         app,
         host=settings.host,
@@ -51,7 +54,7 @@ def uvicorn_config(
         loop="uvloop",
         # Not limit_concurrency: uvicorn counts connections there only to answer requests 503 and keeps every
         # connection open (a silent one is never refused); the protocol closes connections beyond the cap instead.
-        http=protocol_class(limits, getattr(app, "lane", None)),
+        http=protocol,
         # No WebSocket routes: an upgrade would hand the transport to a protocol without the deadlines.
         ws="none",
         # uvicorn annotates int; call_later takes seconds as a float, and sub-second values serve tests.

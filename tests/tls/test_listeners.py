@@ -189,6 +189,57 @@ def test_a_client_ca_replaced_on_disk_refuses_the_old_cas_clients_over_both_prot
             assert client.is_server_live()
 
 
+def test_a_kept_alive_connection_of_a_removed_cas_client_is_ended_when_the_ca_is_removed(tmp_path: Path) -> None:
+    """A client whose certificate was checked at its handshake keeps its connection open for as long as it sends
+    (keep-alive): the removal must end it, or the client is served on it for ever. A client of a CA that stays is
+    ended too (the gateway does not tell which CA signed what), and is served again on its next connection."""
+    old_ca, new_ca = make_authority(tmp_path, "old-ca"), make_authority(tmp_path, "new-ca")
+    server = new_ca.issue(tmp_path, "server", server=True)
+    old = Pki(tmp_path, new_ca, server, old_ca.issue(tmp_path, "old-client", server=False))
+    new = Pki(tmp_path, new_ca, server, new_ca.issue(tmp_path, "new-client", server=False))
+    client_ca = tmp_path / "client-ca.pem"
+    client_ca.write_bytes(old_ca.cert_file.read_bytes() + new_ca.cert_file.read_bytes())
+    (tmp_path / "repository").mkdir()
+    settings = Settings(repository=tmp_path / "repository", port=0, grpc_port=0, tls_cert_file=server.cert_file,
+                        tls_key_file=server.key_file, tls_client_ca_file=client_ca)
+    with running_gateway(settings) as gateway:
+        connection = open_connection(int(gateway.http_url.split(":")[1]), old)
+        with connection:
+            request = b"GET /v2/health/live HTTP/1.1\r\nHost: gateway\r\n\r\n"
+            connection.sendall(request)
+            assert whole_answer(connection).startswith(b"HTTP/1.1 200")  # kept alive: the gateway waits for the next
+            swapped = tmp_path / "swapped.pem"
+            swapped.write_bytes(new_ca.cert_file.read_bytes())
+            os.replace(swapped, client_ca)
+            connection.settimeout(10.0)  # the watcher looks once a second; keep-alive alone would wait 75 s
+            try:
+                ended = connection.recv(4096) == b""
+            except TimeoutError:  # still open: an OSError too, so caught first
+                ended = False
+            except (ssl.SSLError, OSError):
+                ended = True
+            assert ended, "the removed CA's client kept its connection"
+        assert http_refuses(gateway, old)
+        assert http_client(gateway, new, with_certificate=True).is_server_live()
+
+
+def whole_answer(connection: ssl.SSLSocket) -> bytes:
+    """One HTTP answer read to its last byte (its head and ``content-length`` bytes), nothing of what follows."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = connection.recv(4096)
+        assert chunk, f"the connection closed within the answer: {answer!r}"
+        answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = connection.recv(4096)
+        assert chunk, "the connection closed within the answer's body"
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 @pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3], ids=["tls1.2", "tls1.3"])
 def test_a_client_of_a_removed_ca_cannot_resume_a_session_it_held_before_the_removal(
     tmp_path: Path, version: ssl.TLSVersion

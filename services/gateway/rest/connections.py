@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Any, ClassVar, NoReturn, cast
 
@@ -83,7 +84,7 @@ def protocol_class(limits: ConnectionLimits, lane: InferLane | None = None) -> t
     count = f"the request has more than max_header_count={limits.max_header_count} headers"
 
     class BoundDeadlineProtocol(DeadlineProtocol):
-        pass
+        open: ClassVar[weakref.WeakSet[DeadlineProtocol]] = weakref.WeakSet()
 
     BoundDeadlineProtocol.limits = limits
     BoundDeadlineProtocol.lane = lane
@@ -113,6 +114,8 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     limits: ClassVar[ConnectionLimits]
     lane: ClassVar[InferLane | None] = None
+    open: ClassVar[weakref.WeakSet[DeadlineProtocol]]
+    """This listener's connections (uvicorn's own set is its server's, out of reach of the TLS watcher)."""
     header_timeout_response: ClassVar[bytes]
     body_timeout_response: ClassVar[bytes]
     refusal: ClassVar[bytes]
@@ -156,7 +159,22 @@ class DeadlineProtocol(HttpToolsProtocol):
             transport.close()
             return
         super().connection_made(transport)
+        self.open.add(self)
         self._watch(Phase.HEAD)
+
+    @classmethod
+    def close_client_authenticated(cls) -> int:
+        """End every connection whose client presented a certificate: at once when it is idle, after the answer it
+        is writing otherwise (a client CA was removed: such a client must show its certificate again, to the CAs in
+        force, and the handshake that checked it is the connection's first). The number of connections ended."""
+        ended = 0
+        for connection in list(cls.open):
+            transport = getattr(connection, "transport", None)
+            tls = None if transport is None or transport.is_closing() else transport.get_extra_info("ssl_object")
+            if tls is not None and tls.getpeercert(binary_form=True):
+                connection.shutdown()
+                ended += 1
+        return ended
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._watch(Phase.OTHER)

@@ -175,6 +175,9 @@ class ServerTls:
         self._grpc_seen = Seen(self._seen.stamps)
         self._watcher: asyncio.Task[None] | None = None
         self.in_use.use(loaded, announce=announce)
+        self.client_ca_removed: list[Callable[[], int]] = []
+        """Called on the watcher's loop when a reload dropped a client CA: each ends its listener's connections
+        whose client presented a certificate, and says how many (a handshake checks the certificate only once)."""
 
     # -- HTTP -------------------------------------------------------------------------------------------------
     def uvicorn_factory(self, config: object, default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
@@ -209,10 +212,18 @@ class ServerTls:
             log.error("TLS certificate not reloaded, the previous one stays in use: %s%s", exc, self._seen.retry_note())
             return False
         self._seen.saw(stamps)
+        removed = _client_cas(self.current) - _client_cas(current)
         self.current = current
         self.reloads += 1
         log.info("TLS certificate reloaded from %s", self.files.cert.path)
         self.in_use.use(loaded)
+        if removed:
+            ended = sum(listener() for listener in self.client_ca_removed)
+            log.warning(
+                "%d client CA(s) removed from %s: %d HTTP connection(s) of clients with a certificate end after the "
+                "answer they are writing (they reconnect and are checked against the CAs in force)",
+                len(removed), self.files.client_ca.path if self.files.client_ca is not None else "", ended,
+            )
         return True
 
     def _hand_over(self, connection: ssl.SSLObject | ssl.SSLSocket, server_name: str | None,
@@ -287,6 +298,11 @@ class ServerTls:
         self._load_into(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER))  # the same checks (and messages) as HTTP's
         roots = files.client_ca.read() if files.client_ca is not None and files.client_auth == "required" else None
         return grpc.ssl_server_certificate_configuration([(files.key.read(), files.cert.read())], roots)
+
+
+def _client_cas(context: ssl.SSLContext) -> set[bytes]:
+    """The client CAs ``context`` trusts, as DER."""
+    return {bytes(der) for der in context.get_ca_certs(binary_form=True)}
 
 
 _VERIFY_MODES: dict[ClientAuth, ssl.VerifyMode] = {
