@@ -17,6 +17,12 @@ from services.gateway.tuning.results import Measurement
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
+FIRST_ANSWER_WAIT_S = 30.0
+"""Longest the warm-up waits past ``warmup_s`` for every client's first answer (at most 20 measured windows): a trial
+just loaded answers its first requests late (a session created, a Triton python-backend stub started), and a window
+measured before then would count no request at all."""
+
+
 async def closed_loop(
     send: Callable[[], Awaitable[None]],
     concurrency: int,
@@ -25,38 +31,57 @@ async def closed_loop(
     warmup_s: float,
     server_pids: Callable[[], list[int]],
 ) -> Measurement:
+    """The measured window opens once ``warmup_s`` has passed and every client has been answered once (or refused),
+    or when the wait for those first answers gives up; the clients go on sending across it, as in a closed loop."""
     latencies: list[float] = []
     errors = 0
     first_error: str | None = None
     clock = time.perf_counter
-    measure_from = clock() + warmup_s
-    stop = measure_from + duration_s
+    started = clock()
+    warm_until = started + warmup_s
+    give_up_at = warm_until + min(FIRST_ANSWER_WAIT_S, 20 * duration_s)
+    measure_from: float | None = None
+    stop = float("inf")
+    answered_clients = 0
     cpu_from: dict[int, float] | None = None
 
+    def open_window(at: float) -> None:
+        nonlocal measure_from, stop
+        if measure_from is None:
+            measure_from, stop = at, at + duration_s
+
     async def client() -> None:
-        nonlocal errors, first_error, cpu_from
+        nonlocal errors, first_error, cpu_from, answered_clients
+        had_answer = False
         while True:
             began = clock()
             if began >= stop:
                 return
-            if cpu_from is None and began >= measure_from:
+            if began >= give_up_at:
+                open_window(began)
+            counted = measure_from is not None and began >= measure_from
+            if counted and cpu_from is None:
                 cpu_from = cpu_seconds(server_pids())
             try:
                 await send()
             except GatewayError as exc:
-                if began >= measure_from:
+                if counted:
                     errors += 1
                     # What the run's error names: why requests failed, on one line (runtimes' errors span several).
                     first_error = first_error or " ".join(str(exc).split())
                 # A request refused before it waited (a full batch queue) never gave the loop a turn: without one,
                 # this client would spin through its refusals until the measurement ends, holding the gateway.
                 await asyncio.sleep(0)
-                continue
-            if began >= measure_from:
-                latencies.append((clock() - began) * 1e3)
+            else:
+                if counted:
+                    latencies.append((clock() - began) * 1e3)
+            if not had_answer:
+                had_answer, answered_clients = True, answered_clients + 1
+                if answered_clients == concurrency:
+                    open_window(max(clock(), warm_until))
 
     await asyncio.gather(*(client() for _ in range(concurrency)))
-    seconds = clock() - measure_from
+    seconds = clock() - (measure_from if measure_from is not None else started)
     cpu = 0.0
     if cpu_from is not None:  # processes that came or went meanwhile (a previous trial's exiting stubs) do not count
         cpu_to = cpu_seconds(list(cpu_from))
