@@ -34,20 +34,21 @@ async def test_a_trial_that_answers_its_first_requests_after_the_window_would_ha
     measured = await closed_loop(cold.send, 2, duration_s=0.1, warmup_s=0.05, server_pids=lambda: [os.getpid()])
     assert measured.requests > 10, measured
     assert measured.p99_ms < 100, measured  # the cold answers are not among them
-    assert 0.09 < measured.seconds < 0.5, measured
+    assert 0.09 < measured.seconds < 2.0, measured
 
 
 async def test_the_window_opens_after_the_warm_up_even_when_every_client_was_answered_at_once() -> None:
-    calls = 0
+    started = time.perf_counter()
+    late = 0  # requests begun once the 0.1 s warm-up was over: the only ones the window may count
 
     async def send() -> None:
-        nonlocal calls
-        calls += 1
+        nonlocal late
+        late += time.perf_counter() - started >= 0.1
         await asyncio.sleep(0.001)
 
     measured = await closed_loop(send, 2, duration_s=0.1, warmup_s=0.1, server_pids=lambda: [os.getpid()])
-    assert calls > measured.requests + 2 * 40  # the warm-up's 0.1 s of requests are not counted
-    assert 0.09 < measured.seconds < 0.3, measured
+    assert 0 < measured.requests <= late, measured
+    assert 0.09 < measured.seconds < 2.0, measured
 
 
 async def test_a_client_never_answered_stops_the_wait_after_twenty_windows_and_the_others_are_measured() -> None:
@@ -62,7 +63,7 @@ async def test_a_client_never_answered_stops_the_wait_after_twenty_windows_and_t
     measured = await closed_loop(send, 2, duration_s=0.01, warmup_s=0.0, server_pids=lambda: [os.getpid()])
     waited = time.perf_counter() - started
     assert measured.requests > 0, measured  # the other client's, in the window opened at 20 x 0.01 s
-    assert 0.9 < waited < 1.5  # the hung request is waited for, not the 30 s cap
+    assert 0.9 < waited < 10  # the hung request is waited for, not the 30 s cap
 
 
 async def test_refusals_during_the_warm_up_count_as_first_answers() -> None:

@@ -143,7 +143,7 @@ async def test_warm_up_of_a_decoupled_model_streams_its_requests(decoupled_gatew
     """Triton refuses a decoupled model's request as a unary call: the warm-up must stream it, or every version of such
     a model serves with a failed warm-up noted (and counted) against it."""
     manager = decoupled_gateway.app.state.manager
-    assert manager.notes.get((MODEL, 1)) is None  # the startup's warm-up
+    assert manager.notes.get(MODEL, 1) is None  # the startup's warm-up
     assert decoupled_gateway.metric("switchyard_invented_warmup_failures_total", model=MODEL) == 0
 
 
@@ -154,7 +154,7 @@ async def test_version_switch_waits_for_every_response_when_a_request_streams_ac
     gateway, plane = decoupled_gateway, dataplane(decoupled_gateway)
     manager = gateway.app.state.manager
     await gateway.on_loop(load_version(manager, MODEL, 2))  # loaded beforehand: the switch is flip, drain, unload
-    assert manager.notes.get((MODEL, 2)) is None  # warmed up by streaming its requests
+    assert manager.notes.get(MODEL, 2) is None  # warmed up by streaming its requests
     firsts = gateway.metric(FIRST, model=MODEL, version="1")
 
     async def streamed() -> tuple[list[InferResponse], float]:

@@ -26,7 +26,7 @@ def model_status(manager: VersionManager, model: str) -> dict[str, Any]:
                 "leases": manager.leases.count(model, version),
                 "on_disk": version in entry.available,
                 "problem": manager.router.problem(model, version),
-                "note": manager.note(model, version),
+                "note": manager.notes.get(model, version),
                 "devices": devices(model, version) if devices is not None else None,
             }
         )

@@ -72,7 +72,7 @@ def _state(
             return UNLOADING, ""
         # A version that serves has no reason in Triton's index; the gateway's note (its invented warm-up failed)
         # takes the field, the only free text both protocols' index answers carry.
-        return (LOADING, "warming up") if arriving else (READY, manager.note(model, version) or "")
+        return (LOADING, "warming up") if arriving else (READY, manager.notes.get(model, version) or "")
     if state is VersionState.LOADING or arriving:
         return LOADING, ""
     record = manager.router.record(model)

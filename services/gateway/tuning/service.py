@@ -286,7 +286,7 @@ class TuneService:
         ``cancel``)."""
         if failure is None:
             run.serving_config = {"restored": True}
-            self._manager.config_notes.pop(run.model, None)  # an earlier run's, if any: its own config is back
+            self._manager.notes.config_sent(run.model)  # an earlier run's note, if any: its own config is back
             return
         serving_now, changed = _serving_now(failure)
         # Any load or unload through the gateway sends the model's whole config to Triton again (backends/triton).
@@ -308,7 +308,7 @@ class TuneService:
         if changed:
             note = f"{serving_now}: tuning run {run.id} could not load its own config back ({failure.reason}){fix}"
             versions = failure.ready or tuple(self._manager.backend.models().get(run.model, {}))
-            self._manager.config_notes[run.model] = (frozenset(versions), note)
+            self._manager.notes.foreign_config(run.model, frozenset(versions), note)
         if run.cancelled is None:  # a run that ended by itself, or by the gateway stopping: no DELETE records it
             await self._manager.record(
                 Event("tune", run.model, "failed", {"version": run.version}, error=run.error, actor=run.actor,

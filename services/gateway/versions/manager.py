@@ -28,6 +28,7 @@ from services.gateway.versions.exports import on_disk, replaced, stamped
 from services.gateway.versions.follow import poll, scan_repository
 from services.gateway.versions.leases import Leases
 from services.gateway.versions.node import NodeWorkers
+from services.gateway.versions.notes import VersionNotes
 from services.gateway.versions.progress import GATEWAY, ActionReport, Progress, Steps
 from services.gateway.versions.replay_check import ReplayOptions, refusal, replay_check
 from services.gateway.versions.replicas import catch_up, follow
@@ -73,14 +74,11 @@ class VersionManager:
         self.behind: dict[str, tuple[int, str]] = {}
         """model -> the newest routing generation another gateway wrote that this one could not take, and why, until
         it routes by that generation or a newer one (the admin API names it as the model's problem)."""
-        self.notes: dict[tuple[str, int], str] = {}
-        """(model, version) -> what to know of a version that serves: its invented warm-up failed (the index says)."""
-        self.config_notes: dict[str, tuple[frozenset[int], str]] = {}
-        """model -> the versions a model server serves with another config than the model's own (an in-place tuning
-        trial's it did not take back), and what to say of them: until the backend sends the model's config again."""
+        self.notes = VersionNotes()
+        """What the admin API and the repository index say of each version that serves."""
         config_sent = getattr(backend, "config_sent", None)  # the Triton backend: each load or unload sends it whole
         if config_sent is not None:
-            config_sent.append(lambda model: self.config_notes.pop(model, None))
+            config_sent.append(self.notes.config_sent)
         self._held: dict[str, str] = {}
         """model -> the ``since`` of the canary whose promotion waits for its version to be ready (logged once)."""
         self.last_replay: dict[str, dict[str, Any]] = {}
@@ -354,10 +352,9 @@ class VersionManager:
         finally:
             self.router.warming(model, version, False)
         self.router.note(model, version, None)
-        self.notes.pop((model, version), None)
-        if warmed.failed:  # invented data only (declared data that fails raised above): serve, but say so
-            note = f"serving without a full warm-up: {'; '.join(warmed.failed)}"
-            self.notes[model, version] = note
+        note = f"serving without a full warm-up: {'; '.join(warmed.failed)}" if warmed.failed else None
+        self.notes.warmed(model, version, note)
+        if note is not None:  # invented data only (declared data that fails raised above): serve, but say so
             self.metrics.invented_warmup_failures.labels(model).inc()
             log.warning("model '%s' version %d is %s", model, version, note)
         if warmed.sources:
@@ -456,14 +453,6 @@ class VersionManager:
             await self.store.append_event(event)
         except StateError as exc:  # the audit log must not undo an action that succeeded
             log.error("audit event not written (%s): %s", exc, event)
-
-    def note(self, model: str, version: int) -> str | None:
-        """What to know of a version that serves (``notes``, ``config_notes``), ``None``: nothing."""
-        own = self.notes.get((model, version))
-        foreign = self.config_notes.get(model)
-        if foreign is None or version not in foreign[0]:
-            return own
-        return foreign[1] if own is None else f"{foreign[1]}; {own}"
 
     def drain_timeout(self, requested: float | None) -> float:
         return self.settings.drain_timeout_s if requested is None else requested
