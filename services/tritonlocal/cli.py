@@ -100,7 +100,9 @@ def triton_command(
         )
         while not stop.wait(0.5):
             if not server.running:
-                console.print(f"[red]tritonserver exited[/red] with code {server.stop()}")
+                crash = server.crash_report() or "tritonserver exited"
+                server.stop()
+                console.print(f"[red]error:[/red] {escape(crash)}")
                 raise typer.Exit(1)
         console.print("stopping tritonserver ...")
         code = server.stop()

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 from services.tritonlocal.errors import TritonStartError
@@ -71,13 +72,41 @@ def digest(path: Path) -> str:
 live: set[subprocess.Popen[bytes]] = set()
 
 
-def reap_group(process: subprocess.Popen[bytes]) -> None:
+STUB_REGION_PREFIX = "triton_python_backend_shm_region_"
+"""How the python backend names the shared-memory region it gives each stub (under /dev/shm)."""
+SHM_ROOT = Path("/dev/shm")
+
+
+def reap_group(process: subprocess.Popen[bytes], regions: Iterable[str] = ()) -> None:
     """Kill what is left of an exited server's process group (it leads its own session, so the group id
-    is its pid): python-backend stubs orphaned by a SIGKILLed server do not always exit by themselves."""
+    is its pid): python-backend stubs orphaned by a SIGKILLed server do not always exit by themselves. Then remove
+    the stubs' shared-memory regions (``regions``, and those of stubs still in the group): a server that exits
+    normally removes them itself, a killed one leaves them in /dev/shm, a megabyte or more each."""
     if process.poll() is None:
         return
+    left = {*regions, *stub_regions(process.pid)}
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
+    for region in left:
+        with contextlib.suppress(OSError):
+            (SHM_ROOT / region).unlink()
+
+
+def stub_regions(group: int) -> list[str]:
+    """The shared-memory regions of the python-backend stubs in process group ``group`` (each stub's command line
+    names its region)."""
+    regions: list[str] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) != group:
+                continue
+            arguments = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):  # gone meanwhile, or not ours to read
+            continue
+        regions += [a.decode() for a in arguments if a.startswith(STUB_REGION_PREFIX.encode()) and b"/" not in a]
+    return regions
 
 
 @atexit.register

@@ -26,7 +26,16 @@ from services.tritonlocal.derive import DerivedRepository, build_derived_reposit
 from services.tritonlocal.errors import TritonLocalError, TritonStartError
 from services.tritonlocal.follow import Follower
 from services.tritonlocal.install import TritonInstall
-from services.tritonlocal.processes import HOST, check_ports_free, digest, free_port, free_ports, live, reap_group
+from services.tritonlocal.processes import (
+    HOST,
+    check_ports_free,
+    digest,
+    free_port,
+    free_ports,
+    live,
+    reap_group,
+    stub_regions,
+)
 from services.tritonlocal.tracing import TritonTracing
 
 __all__ = ["LocalTriton", "TritonGrpcTls", "TritonPorts", "free_port"]
@@ -34,6 +43,16 @@ __all__ = ["LocalTriton", "TritonGrpcTls", "TritonPorts", "free_port"]
 _POLL_S = 0.1
 _WATCHDOG = Path(__file__).with_name("watchdog.py")
 _LOG_TAIL_LINES = 30
+
+
+def describe_exit(code: int) -> str:
+    """A process's return code in words: ``exit code 1``, ``signal SIGSEGV`` (Popen gives a signal as -N)."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"signal {-code}"
 
 
 # Loopback traffic must never go through an http_proxy from the environment.
@@ -107,6 +126,7 @@ class LocalTriton:
         self.tracing = tracing
         self.grpc_tls = grpc_tls
         self._process: subprocess.Popen[bytes] | None = None
+        self._ending = False  # stop() or kill() ended it: an exit then is no crash
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._repository: DerivedRepository | None = None
         self._follower: Follower | None = None
@@ -191,6 +211,7 @@ class LocalTriton:
         check_ports_free({"HTTP": self.ports.http, "gRPC": self.ports.grpc, "metrics": self.ports.metrics})
         self.build()
         log: IO[bytes] | None = self.log_file.open("ab") if self.log_file is not None else None
+        self._ending = False
         try:
             self._process = subprocess.Popen(
                 self.command(),
@@ -230,7 +251,8 @@ class LocalTriton:
         while time.monotonic() < deadline:
             if not self.running:
                 code = self._process.returncode if self._process is not None else None
-                raise TritonStartError(f"tritonserver exited with code {code} before it was ready{self._log_tail()}")
+                ended = describe_exit(code) if code is not None else "an unknown status"
+                raise TritonStartError(f"tritonserver exited with {ended} before it was ready{self._log_tail()}")
             if self.ready():
                 return
             time.sleep(_POLL_S)
@@ -252,6 +274,7 @@ class LocalTriton:
         process = self._process
         if process is None:
             return None
+        self._ending = True
         if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
@@ -268,11 +291,14 @@ class LocalTriton:
     def kill(self) -> None:
         """SIGKILL, as a crash would; then the python stubs it leaves behind are killed too."""
         process = self._process
+        self._ending = True
+        regions: list[str] = []
         if process is not None and process.poll() is None:
+            regions = stub_regions(process.pid)  # read while the stubs run: they may exit before the reap
             process.kill()
             process.wait(self.stop_timeout_s)
         if process is not None:
-            reap_group(process)
+            reap_group(process, regions)
             live.discard(process)
         self._end_watchdog()
 
@@ -298,7 +324,26 @@ class LocalTriton:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        crash = self.crash_report()
         self.stop()
+        if crash is None:
+            return
+        # The server died under whatever used it: say so with its own last words, or what failed next (a client's
+        # "connection refused") is all anyone sees.
+        if exc is not None:
+            exc.add_note(crash)
+        else:
+            raise TritonLocalError(crash)
+
+    def crash_report(self) -> str | None:
+        """How the server ended if it exited by itself (a crash, the OOM killer, a kill from outside) rather than
+        through ``stop()`` or ``kill()``: its exit code or signal and the last lines of its log; ``None`` while it
+        runs or when it was stopped."""
+        process = self._process
+        if process is None or self._ending or process.poll() is None:
+            return None
+        ended = describe_exit(process.returncode)
+        return f"tritonserver (pid {process.pid}) exited by itself: {ended}{self._log_tail()}"
 
     # -- model control (services.modelrepo.control, over gRPC) --------------------------------------------
     def load(self, model: str, versions: Sequence[int] | None = None, timeout_s: float = 60.0) -> None:

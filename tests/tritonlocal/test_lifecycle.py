@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
-from services.tritonlocal import LocalTriton, TritonInstall
+from services.tritonlocal import LocalTriton, TritonInstall, TritonLocalError
+from services.tritonlocal.processes import SHM_ROOT, stub_regions
 from tests.tritonlocal.support import sample
 from tests.waiting import wait_until
 
@@ -44,18 +45,70 @@ def test_start_serves_again_on_the_same_ports_when_the_server_was_killed_by_pid(
         assert mlp_answers(server)
         first_pid, ports = server.pid, server.ports
         assert first_pid is not None
+        regions = [SHM_ROOT / name for name in stub_regions(first_pid)]
+        assert regions, "the mlp's python-backend stubs name no shared-memory region"
+        assert all(region.exists() for region in regions)
         os.kill(first_pid, signal.SIGKILL)
         assert wait_until(lambda: not server.running, 10.0)
         assert not server.ready()
+        assert all(region.exists() for region in regions)  # a killed server removes none of them
+        report = server.crash_report()
+        assert report is not None
+        assert f"(pid {first_pid}) exited by itself: signal SIGKILL" in report
+        assert f"last lines of {tmp_path / 'tritonserver.log'}" in report
 
         started = time.monotonic()
         server.start()
         restart_s = time.monotonic() - started
+        assert not any(region.exists() for region in regions)  # the restart reaped the stubs and their regions
         assert server.pid != first_pid
         assert server.ports == ports
         assert mlp_answers(server)
         assert restart_s < 30.0, f"restart took {restart_s:.1f} s"  # a few seconds; more on a loaded machine
+        assert server.crash_report() is None
     assert not server.running
+
+
+def crash_while_in_use(server: LocalTriton, then_raise: Exception | None = None) -> None:
+    """Use the server as a context, SIGKILL it from outside, then leave the context (raising ``then_raise``)."""
+    with server:
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGKILL)
+        assert wait_until(lambda: not server.running, 10.0)
+        if then_raise is not None:
+            raise then_raise
+
+
+def test_leaving_the_context_names_a_crash_that_happened_while_the_server_was_in_use(
+    install: TritonInstall, repository: Path, tmp_path: Path
+) -> None:
+    server = LocalTriton(repository, derived=tmp_path / "derived", install=install, log_file=tmp_path / "log")
+    with pytest.raises(TritonLocalError, match=r"exited by itself: signal SIGKILL; last lines of "):
+        crash_while_in_use(server)
+
+    # What failed next in the body (a client that found no server) carries the crash as a note.
+    with pytest.raises(ConnectionError) as failed:
+        crash_while_in_use(server, ConnectionError("connection refused"))
+    assert any("exited by itself: signal SIGKILL" in note for note in failed.value.__notes__)
+
+    with server:  # stopped, not crashed: nothing to report
+        pass
+    assert server.crash_report() is None
+
+
+def test_kill_removes_the_shared_memory_regions_of_the_python_stubs(
+    install: TritonInstall, repository: Path, tmp_path: Path
+) -> None:
+    server = LocalTriton(repository, load=["mlp"], derived=tmp_path / "derived", install=install)
+    server.start()
+    try:
+        assert server.pid is not None
+        regions = [SHM_ROOT / name for name in stub_regions(server.pid)]
+        assert regions
+        assert all(region.exists() for region in regions)
+    finally:
+        server.kill()
+    assert not any(region.exists() for region in regions)
 
 
 def test_load_serves_a_version_exported_after_the_server_started(
