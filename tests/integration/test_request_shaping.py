@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -367,3 +368,49 @@ def _wait_for_idle(gateway: RunningGateway, model: str = "busy") -> None:
     while gateway.metric("switchyard_admission_executing", model=model) > 0:
         assert time.monotonic() < deadline, "the cancelled request kept running for 30 s"
         time.sleep(0.01)
+
+
+def _http_counted(gateway: RunningGateway, code: str) -> float:
+    return gateway.metric("switchyard_requests_total", model="busy", version="1", protocol="http", code=code)
+
+
+def _sent_and_left_open(gateway: RunningGateway, iterations: int) -> socket.socket:
+    """A connection that has sent one whole request for ``busy`` and waits for its answer."""
+    body = json.dumps(_busy_body(iterations)).encode()
+    host, port = gateway.http_url.rsplit(":", 1)
+    connection = socket.create_connection((host, int(port)), timeout=10)
+    connection.sendall(b"POST /v2/models/busy/infer HTTP/1.1\r\nHost: gateway\r\nX-API-Key: k-free-0123\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    return connection
+
+
+def test_http_requests_whose_client_closes_the_connection_are_counted_as_499_and_leave_the_queue(
+    shaped: RunningGateway,
+) -> None:
+    """A client that gives up on an HTTP request (closes its connection) while it runs, or while it waits for the
+    one concurrency slot: each counts as 499 against the version it was routed to, never as the 200 no one receives,
+    and the waiting one leaves the queue without running."""
+    _wait_for_idle(shaped)
+    gone, served = _http_counted(shaped, "499"), _http_counted(shaped, "200")
+    runs = executions(shaped, "busy")
+
+    running = _sent_and_left_open(shaped, 100_000)
+    _wait_for_inflight(shaped, "busy")
+    waiting = _sent_and_left_open(shaped, 1)
+    assert eventually(lambda: shaped.metric("switchyard_admission_waiting", model="busy"), 1) == 1
+    waiting.close()
+    assert eventually(lambda: shaped.metric("switchyard_admission_waiting", model="busy"), 0) == 0
+    assert eventually(lambda: _http_counted(shaped, "499"), gone + 1) == gone + 1
+
+    running.close()
+    assert eventually(lambda: _http_counted(shaped, "499"), gone + 2) == gone + 2
+    # onnxruntime finishes the running one's batch (it cannot be stopped midway), and its answer is dropped.
+    assert eventually(lambda: executions(shaped, "busy"), runs + 1) == runs + 1
+    assert _http_counted(shaped, "200") == served
+
+    # The next request is served as usual, and the one that waited never ran: queued before it, it would have run
+    # as a batch of its own first.
+    answer = httpx.post(f"http://{shaped.http_url}/v2/models/busy/infer", json=_busy_body(1), headers=FREE)
+    assert answer.status_code == 200, answer.text
+    assert _http_counted(shaped, "200") == served + 1
+    assert executions(shaped, "busy") == runs + 2

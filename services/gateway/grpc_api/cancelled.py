@@ -9,7 +9,6 @@ import grpc
 
 from services.gateway.dataplane import DataPlane
 from services.gateway.errors import ClientGone, DeadlineExceeded, GatewayError
-from services.gateway.tensors.types import InferRequest
 
 PROTOCOL = "grpc"
 DEADLINE_SLACK_S = 0.05
@@ -37,10 +36,4 @@ def count_cancelled(
     else:
         return
     dataplane.record_error(model, version, PROTOCOL, error, tenant)
-
-
-def counted_version(request: InferRequest) -> int | None:
-    """The version a cancelled request is counted against: the one the dataplane routed it to, once it was (an
-    unversioned request names none)."""
-    return request.version if request.routed is None else request.routed
 

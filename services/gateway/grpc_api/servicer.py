@@ -13,7 +13,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from services.gateway.dataplane import DataPlane
 from services.gateway.errors import GatewayError, ModelNotFound, unexpected
 from services.gateway.grpc_api import shared_memory
-from services.gateway.grpc_api.cancelled import PROTOCOL, count_cancelled, counted_version
+from services.gateway.grpc_api.cancelled import PROTOCOL, count_cancelled
 from services.gateway.grpc_api.codec import decode_request, encode_metadata, encode_response
 from services.gateway.grpc_api.repository import RepositoryService
 from services.gateway.grpc_api.stream import StreamService
@@ -190,7 +190,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         except GatewayError as exc:  # counted by the dataplane
             return await _abort(context, exc)
         except asyncio.CancelledError:
-            count_cancelled(dataplane, context, decoded.model, counted_version(decoded), admitted.tenant,
+            count_cancelled(dataplane, context, decoded.model, decoded.counted_version(), admitted.tenant,
                             stopping=self._streams.stopping)
             raise
         try:

@@ -31,7 +31,7 @@ from tritonclient.grpc import service_pb2
 
 from services.gateway.dataplane import DataPlane
 from services.gateway.errors import GatewayError, InferenceFailed, InvalidInput, shown, unexpected
-from services.gateway.grpc_api.cancelled import count_cancelled, counted_version
+from services.gateway.grpc_api.cancelled import count_cancelled
 from services.gateway.grpc_api.codec import decode_request, encode_response
 from services.gateway.shaping.shaper import Admitted
 from services.gateway.tensors.regions import tensor_regions
@@ -302,7 +302,7 @@ class StreamService:
                 dataplane.record_error(decoded.model, decoded.version, PROTOCOL, error, admitted.tenant)
                 await exchange.put(_error(request.id, error))
         except asyncio.CancelledError:  # the stream ended under it: its client went away, or its deadline passed
-            version = request.model_version if decoded is None else counted_version(decoded)
+            version = request.model_version if decoded is None else decoded.counted_version()
             count_cancelled(self._dataplane, context, request.model_name, version, admitted.tenant,
                             stopping=self.stopping)
             raise

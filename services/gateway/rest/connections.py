@@ -19,7 +19,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.server import ServerState
 
 from services.gateway.rest.direct import answer_inference
-from services.gateway.rest.lane import InferLane, infer_target
+from services.gateway.rest.lane import CLIENT_GONE, InferLane, infer_target
 from services.gateway.rest.one_write import OneWrite
 
 log = logging.getLogger(__name__)
@@ -150,6 +150,8 @@ class DeadlineProtocol(HttpToolsProtocol):
         began in (-1: it began in the read being parsed, whose bytes may belong to the request before)."""
         self._refusal: bytes | None = None
         """The 431 a parser callback chose; ``data_received`` sends it."""
+        self._answering: tuple[RequestResponseCycle, asyncio.Task[None]] | None = None
+        """The inference request the lane answers directly (the last one started) and its task."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.limits.max_connections:
@@ -182,6 +184,14 @@ class DeadlineProtocol(HttpToolsProtocol):
             self._keep_alive.cancel()
             self._keep_alive = None
         super().connection_lost(exc)
+        answering, self._answering = self._answering, None
+        if answering is not None:
+            cycle, task = answering
+            if not task.done() and not cycle.response_complete:
+                # The client gave up: its request stops waiting for a concurrency slot or a batch and is counted
+                # as given up (the lane reads the mark), not as the 200 no one receives.
+                cycle.scope[CLIENT_GONE] = True  # type: ignore[literal-required]
+                task.cancel()
 
     def data_received(self, data: bytes) -> None:
         before = self._phase
@@ -321,6 +331,7 @@ class DeadlineProtocol(HttpToolsProtocol):
         task = self.loop.create_task(answer_inference(lane, cycle, target))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
+        self._answering = (cycle, task)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -12,18 +12,17 @@ per header, a separate head write or OneWrite's deferred flush) cost a small req
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from http import HTTPStatus
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from starlette.types import Message, Scope
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from services.gateway.rest.answer_head import AnswerHeaders
-
-if TYPE_CHECKING:
-    from services.gateway.rest.lane import InferLane
+from services.gateway.rest.lane import CLIENT_GONE, InferLane
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +57,8 @@ async def answer_inference(lane: InferLane, cycle: RequestResponseCycle, target:
     try:
         await lane(cast(Scope, cycle.scope), answer.receive, answer.send, *target)
     except BaseException as exc:  # the lane answers its own failures: this is a bug, or the server shutting down
+        if isinstance(exc, asyncio.CancelledError) and cycle.scope.get(CLIENT_GONE):
+            return  # cancelled while it wrote an answer already counted: the client is gone, nothing is left to do
         log.error("the inference lane failed", exc_info=exc)
         if not cycle.response_started:
             await cycle.send_500_response()

@@ -10,6 +10,7 @@ other methods get 405 and the OpenAPI document lists them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -31,6 +32,10 @@ from services.gateway.tensors.regions import tensor_regions
 from services.gateway.versions.numbers import parse_version
 
 PROTOCOL = "http"
+CLIENT_GONE = "switchyard.client_gone"
+"""The scope key the HTTP protocol sets when a request's connection is lost before its answer was written, just before
+it cancels the request's task (``connections.DeadlineProtocol.connection_lost``): the lane then counts the request as
+given up (499) and no longer works for it: a request waiting for admission or in a batch queue leaves it."""
 PREFIX = "/v2/models/"
 SUFFIX = "/infer"
 log = logging.getLogger(__name__)
@@ -121,10 +126,22 @@ class InferLane:
         except Exception as exc:
             await self._unexpected(scope, receive, send, exc, model, raw_version, admitted.tenant)
             return
+        except asyncio.CancelledError:  # waiting for admission or for the body
+            if not scope.get(CLIENT_GONE):
+                raise  # the server is stopping
+            gone = ClientGone("the client closed its connection before its request was read")
+            dataplane.record_error(model, raw_version, PROTOCOL, gone, admitted.tenant)
+            return
         try:
             response = await dataplane.infer(request, protocol=PROTOCOL, header=_HeaderLookup(headers).get)
         except GatewayError as exc:  # counted by the dataplane
             await gateway_error_response(exc)(scope, receive, send)
+            return
+        except asyncio.CancelledError:
+            if not scope.get(CLIENT_GONE):
+                raise
+            gone = ClientGone("the client closed its connection before its answer")
+            dataplane.record_error(model, request.counted_version(), PROTOCOL, gone, admitted.tenant)
             return
         accept = headers.get(b"accept-encoding")
         coding: tuple[tuple[bytes, bytes], ...] = ()

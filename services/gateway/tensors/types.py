@@ -104,7 +104,12 @@ class InferRequest:
     quota: Quota | None = None
     """The API key's requests-in-flight share (``concurrency`` in the keys file), taken while it is served."""
     routed: int | None = None
-    """The version the dataplane routed it to, once routed: a request gRPC cancels is counted against it."""
+    """The version the dataplane routed it to, once routed: a request given up is counted against it."""
+
+    def counted_version(self) -> int | None:
+        """The version a request given up (a cancelled call, a closed connection) is counted against: the one the
+        dataplane routed it to, once it was (an unversioned request names none)."""
+        return self.version if self.routed is None else self.routed
 
 
 @dataclass(slots=True)
