@@ -11,6 +11,9 @@ import pytest
 
 from tests import slow_work
 from tests.shared_exports import SharedExamples, Snapshot, shared_examples
+from tests.shared_tls import share_default_context
+
+share_default_context()
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,9 @@ class Peers:
         self.place = place
         self._clients = {
             index: httpx.AsyncClient(
-                transport=httpx.AsyncHTTPTransport(uds=str(place.socket_path(index))), base_url="http://worker"
+                # Plain HTTP over a Unix socket: no TLS, so no CA bundle to load (~20 ms of CPU a transport).
+                transport=httpx.AsyncHTTPTransport(uds=str(place.socket_path(index)), verify=False),
+                base_url="http://worker",
             )
             for index in range(place.count)
             if index != place.index
