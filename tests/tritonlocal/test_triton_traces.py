@@ -132,6 +132,24 @@ def spans_of_trace(receiver: OtlpReceiver, trace_id: str) -> dict[str, ReceivedS
     return {span.name: span for span in mine}
 
 
+def spans_of_a_traced_request(
+    receiver: OtlpReceiver, send: Callable[[str], None], trace_ids: list[str]
+) -> dict[str, ReceivedSpan]:
+    """Triton's three spans of the first request, of up to ``len(trace_ids)``, whose spans all arrive;
+    ``send(trace_id)`` sends one. Triton 2.51's exporter now and then never sends a request's spans when the
+    machine is loaded (measured with the CPU saturated: 3 and 18 of 120 requests, and 0 of 80, over gRPC whether or
+    not the client kept its channel open; once in a CI run): each try is a request of its own, under a trace id of
+    its own."""
+    for attempt, trace_id in enumerate(trace_ids):
+        send(trace_id)
+        try:
+            return spans_of_trace(receiver, trace_id)
+        except AssertionError:
+            if attempt == len(trace_ids) - 1:
+                raise
+    raise AssertionError("no trace id to send")
+
+
 def assert_nested_under(spans: dict[str, ReceivedSpan], caller_span_id: str, protocol: str) -> None:
     assert set(spans) == {"InferRequest", "echo", "compute"}
     request, model, compute = spans["InferRequest"], spans["echo"], spans["compute"]
@@ -153,10 +171,13 @@ def test_triton_spans_join_the_callers_trace_under_the_callers_span(
     traced: tuple[LocalTriton, OtlpReceiver], protocol: str, infer: Infer
 ) -> None:
     server, receiver = traced
-    trace_id, caller_span_id = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7") if protocol == "HTTP" else (
-        "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
-    infer(server, {"traceparent": f"00-{trace_id}-{caller_span_id}-01"})
-    assert_nested_under(spans_of_trace(receiver, trace_id), caller_span_id, protocol)
+    trace_id, caller_span_id = ("4bf92f3577b34da6a3ce929d0e0e473", "00f067aa0ba902b7") if protocol == "HTTP" else (
+        "0af7651916cd43dd8448eb211c80319", "b7ad6b7169203331")
+    spans = spans_of_a_traced_request(
+        receiver, lambda trace: infer(server, {"traceparent": f"00-{trace}-{caller_span_id}-01"}),
+        [f"{trace_id}{attempt}" for attempt in range(3)],
+    )
+    assert_nested_under(spans, caller_span_id, protocol)
 
 
 @pytest.mark.slow
@@ -167,9 +188,11 @@ def test_rate_0_leaves_requests_without_context_out_and_an_unsampled_parent_is_s
     should send one only for the requests it samples), and with rate 0 traces nothing else."""
     server, receiver = traced
     infer_over_http(server, {})  # no context: not traced at rate 0
-    unsampled_trace = "5" * 32
-    infer_over_http(server, {"traceparent": f"00-{unsampled_trace}-{'6' * 16}-00"})
-    assert_nested_under(spans_of_trace(receiver, unsampled_trace), "6" * 16, "HTTP")
+    spans = spans_of_a_traced_request(
+        receiver, lambda trace: infer_over_http(server, {"traceparent": f"00-{trace}-{'6' * 16}-00"}),
+        [f"{'5' * 31}{attempt}" for attempt in range(3)],
+    )
+    assert_nested_under(spans, "6" * 16, "HTTP")
     # Spans leave Triton in the order their requests ended, so the request before would be here if it was traced:
     # as a root InferRequest span (no parent), as Triton makes one at rate 1.
     roots = [span for span in receiver.spans() if span.name == "InferRequest" and not span.parent_span_id]
