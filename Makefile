@@ -91,11 +91,12 @@ lint: $(VENV)/.installed
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy --strict $(PACKAGES)
 
-# Three workers (pytest-xdist) on the 2-core CI machine: much of a test's time is spent waiting on a server, a browser
-# or a subprocess, which a third worker fills (the whole suite: 348 s against 420 s with two, same machine, same day).
-# Tests sharing a server stay on one worker (the groups in tests/xdist_groups.py).
+# Four workers (pytest-xdist) on the 2-core CI machine: much of a test's time is spent waiting on a server, a browser
+# or a subprocess, which more workers fill (the whole suite: 348 s with three against 420 s with two; on 2026-12-05,
+# 424 s with four against 447 s with three, run one after the other; sampled, the cores were busy about 80 % of the
+# run with three). Tests sharing a server stay on one worker (the groups in tests/xdist_groups.py).
 pytest: install
-	$(BIN)/pytest -n 3 --dist loadgroup
+	$(BIN)/pytest -n 4 --dist loadgroup
 
 # The edit loop: every test not marked slow (no server, browser, export, venv or timed run), in well under 2 minutes.
 test-fast: install

@@ -1,4 +1,4 @@
-"""How ``make pytest`` shares the suite between pytest-xdist's workers (``-n 2 --dist loadgroup``; the conftest
+"""How ``make pytest`` shares the suite between pytest-xdist's workers (``-n 4 --dist loadgroup``; the conftest
 hook hands xdist this scheduler). A group is what one worker runs from start to end:
 
 - the files of ``SHARED``, whose tests share a session's local Triton: one worker starts it once;
