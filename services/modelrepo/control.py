@@ -130,4 +130,3 @@ def _unsettled(model: str, states: dict[int, str], moving: list[int], extra: lis
             "front of one Triton share one state: SWITCHYARD_STATE_PATH or SWITCHYARD_REDIS_URL)"
         )
     return text
-

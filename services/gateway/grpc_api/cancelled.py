@@ -36,4 +36,3 @@ def count_cancelled(
     else:
         return
     dataplane.record_error(model, version, PROTOCOL, error, tenant)
-
