@@ -5,6 +5,7 @@ model, and prints as JSON which heavy or build-time modules the process imported
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ WATCHED = ("torch", "onnx", "onnxscript", "exporter", "services.tritonlocal", "m
 
 def main() -> None:
     repository, backend = Path(sys.argv[1]), sys.argv[2]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # to stderr
     transform: ConfigTransform | None = None
     settings = Settings(repository=repository, backend=backend, port=0, grpc_port=0)  # type: ignore[arg-type]
     if backend == "triton":
@@ -28,11 +30,14 @@ def main() -> None:
         from services.tritonlocal.derive import derive_config  # what `serve --triton-local-cpu` hands in
 
         transform = derive_config
-    answered = {}
+    answered, why = {}, {}
     with running_gateway(settings, config_transform=transform) as gateway:
         for model in ("classifier", "mlp"):
-            answered[model] = httpx.get(f"http://{gateway.http_url}/v2/models/{model}/ready").status_code
-    print(json.dumps({"answered": answered, "imported": watched_modules()}))
+            answer = httpx.get(f"http://{gateway.http_url}/v2/models/{model}/ready")
+            answered[model] = answer.status_code
+            if answer.status_code != 200:
+                why[model] = answer.text
+    print(json.dumps({"answered": answered, "why": why, "imported": watched_modules()}))
 
 
 def watched_modules() -> list[str]:
@@ -40,12 +45,14 @@ def watched_modules() -> list[str]:
 
 
 def probe(*args: str) -> dict[str, object]:
-    """Run this module in a fresh interpreter with ``args`` and return what it printed."""
+    """Run this module in a fresh interpreter with ``args`` and return what it printed, with the last lines the
+    gateway logged under ``log`` (they say why a model did not load or warm up)."""
     done = subprocess.run(
         [sys.executable, "-m", "tests.import_probe", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["log"] = done.stderr[-6000:]
     return result
 
 

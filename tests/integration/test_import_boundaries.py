@@ -21,7 +21,9 @@ def test_embedded_gateway_imports_no_build_time_module_when_serving_onnx_models(
     onnx_only = tmp_path / "repository"
     for model in ("classifier", "mlp"):  # the session repository also holds a TorchScript model
         shutil.copytree(repository / model, onnx_only / model)
-    assert probe(str(onnx_only), "embedded") == {"answered": {"classifier": 200, "mlp": 200}, "imported": []}
+    result = probe(str(onnx_only), "embedded")
+    assert result["answered"] == {"classifier": 200, "mlp": 200}, (result["why"], result["log"])
+    assert result["imported"] == []
 
 
 def test_switchyard_command_loads_only_other_commands_options_when_it_starts() -> None:

@@ -16,7 +16,7 @@ def test_triton_gateway_imports_no_build_time_module_when_serving_onnx_models(
     triton: LocalTriton, repository: Path
 ) -> None:
     result = probe(str(repository), "triton", triton.grpc_url)
-    assert result["answered"] == {"classifier": 200, "mlp": 200}
+    assert result["answered"] == {"classifier": 200, "mlp": 200}, (result["why"], result["log"])
     # The local CPU Triton's twin configs come from services.tritonlocal.derive, handed in as `serve
     # --triton-local-cpu` does; a production Triton needs nothing from that package.
     imported = result["imported"]
