@@ -1,6 +1,7 @@
 """Run as ``python -m tests.import_probe REPOSITORY embedded|triton [TRITON_URL]``: starts the gateway on real
-ports as ``switchyard serve`` does (the local CPU Triton's twin configs for ``triton``), answers one request per
-model, and prints as JSON which heavy or build-time modules the process imported."""
+ports as ``switchyard serve`` does (the local CPU Triton's twin configs for ``triton``), asks each model's readiness
+(waiting up to ``READY_WAIT_S`` for it), and prints as JSON which heavy or build-time modules the process imported,
+and why a model was not ready when it was not at first."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -17,12 +19,14 @@ from services.gateway.settings import Settings
 from tests.gateway_harness import running_gateway
 
 ROOT = Path(__file__).resolve().parents[1]
+READY_WAIT_S = 30.0
 WATCHED = ("torch", "onnx", "onnxscript", "exporter", "services.tritonlocal", "matplotlib")
 
 
 def main() -> None:
     repository, backend = Path(sys.argv[1]), sys.argv[2]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # to stderr
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the readiness polls would crowd out the gateway's lines
     transform: ConfigTransform | None = None
     settings = Settings(repository=repository, backend=backend, port=0, grpc_port=0)  # type: ignore[arg-type]
     if backend == "triton":
@@ -33,10 +37,17 @@ def main() -> None:
     answered, why = {}, {}
     with running_gateway(settings, config_transform=transform) as gateway:
         for model in ("classifier", "mlp"):
-            answer = httpx.get(f"http://{gateway.http_url}/v2/models/{model}/ready")
+            # Up to READY_WAIT_S: what this probe checks is what serving imported, not how soon after start-up a
+            # model on a loaded machine's Triton turned ready; the first refusal's reason is kept either way.
+            deadline = time.monotonic() + READY_WAIT_S
+            while True:
+                answer = httpx.get(f"http://{gateway.http_url}/v2/models/{model}/ready")
+                if answer.status_code != 200:
+                    why.setdefault(model, f"{time.monotonic() - deadline + READY_WAIT_S:.1f} s: {answer.text}")
+                if answer.status_code == 200 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
             answered[model] = answer.status_code
-            if answer.status_code != 200:
-                why[model] = answer.text
     print(json.dumps({"answered": answered, "why": why, "imported": watched_modules()}))
 
 

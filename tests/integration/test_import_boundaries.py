@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ def test_embedded_gateway_imports_no_build_time_module_when_serving_onnx_models(
         shutil.copytree(repository / model, onnx_only / model)
     result = probe(str(onnx_only), "embedded")
     assert result["answered"] == {"classifier": 200, "mlp": 200}, (result["why"], result["log"])
+    if result["why"]:  # ready in the end, but not at once: said in the run's warnings, not hidden
+        warnings.warn(f"not ready at first after start-up: {result['why']}", stacklevel=1)
     assert result["imported"] == []
 
 

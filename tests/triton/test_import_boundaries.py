@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ def test_triton_gateway_imports_no_build_time_module_when_serving_onnx_models(
 ) -> None:
     result = probe(str(repository), "triton", triton.grpc_url)
     assert result["answered"] == {"classifier": 200, "mlp": 200}, (result["why"], result["log"])
+    if result["why"]:  # ready in the end, but not at once: said in the run's warnings, not hidden
+        warnings.warn(f"not ready at first after start-up: {result['why']}", stacklevel=1)
     # The local CPU Triton's twin configs come from services.tritonlocal.derive, handed in as `serve
     # --triton-local-cpu` does; a production Triton needs nothing from that package.
     imported = result["imported"]
