@@ -77,6 +77,31 @@ STUB_REGION_PREFIX = "triton_python_backend_shm_region_"
 SHM_ROOT = Path("/dev/shm")
 
 
+SHM_NEARLY_FULL_BYTES = 16 * 2**20
+"""Free space under which /dev/shm is named as a likely cause of a crash: the regions of a few stubs."""
+
+
+def shared_memory_state(root: Path = SHM_ROOT) -> str:
+    """How full ``root`` is, in words, for a crash report: the python backend's stubs keep their regions there."""
+    try:
+        found = os.statvfs(root)
+    except OSError as exc:
+        return f"{root}: unreadable ({exc.strerror})"
+    return describe_shared_memory(root, found.f_blocks * found.f_frsize, found.f_bavail * found.f_frsize)
+
+
+def describe_shared_memory(root: Path, total: int, free: int) -> str:
+    mib = 2**20
+    said = f"{root}: {(total - free) // mib} of {total // mib} MiB in use"
+    if free >= SHM_NEARLY_FULL_BYTES:
+        return said
+    return (
+        f"{said}, nearly full: each python-backend stub keeps a region of a megabyte or more there, a model whose "
+        "stub finds no room fails to load, and a process that touches a page the folder cannot back dies of SIGBUS "
+        "(give it more room, e.g. `docker run --shm-size=1g`)"
+    )
+
+
 def reap_group(process: subprocess.Popen[bytes], regions: Iterable[str] = ()) -> None:
     """Kill what is left of an exited server's process group (it leads its own session, so the group id
     is its pid): python-backend stubs orphaned by a SIGKILLed server do not always exit by themselves. Then remove

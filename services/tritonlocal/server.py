@@ -34,6 +34,7 @@ from services.tritonlocal.processes import (
     free_ports,
     live,
     reap_group,
+    shared_memory_state,
     stub_regions,
 )
 from services.tritonlocal.tracing import TritonTracing
@@ -337,13 +338,13 @@ class LocalTriton:
 
     def crash_report(self) -> str | None:
         """How the server ended if it exited by itself (a crash, the OOM killer, a kill from outside) rather than
-        through ``stop()`` or ``kill()``: its exit code or signal and the last lines of its log; ``None`` while it
-        runs or when it was stopped."""
+        through ``stop()`` or ``kill()``: its exit code or signal, how full /dev/shm is (where its python-backend stubs
+        keep their regions) and the last lines of its log; ``None`` while it runs or when it was stopped."""
         process = self._process
         if process is None or self._ending or process.poll() is None:
             return None
         ended = describe_exit(process.returncode)
-        return f"tritonserver (pid {process.pid}) exited by itself: {ended}{self._log_tail()}"
+        return f"tritonserver (pid {process.pid}) exited by itself: {ended}; {shared_memory_state()}{self._log_tail()}"
 
     # -- model control (services.modelrepo.control, over gRPC) --------------------------------------------
     def load(self, model: str, versions: Sequence[int] | None = None, timeout_s: float = 60.0) -> None:

@@ -83,7 +83,8 @@ def test_leaving_the_context_names_a_crash_that_happened_while_the_server_was_in
     install: TritonInstall, repository: Path, tmp_path: Path
 ) -> None:
     server = LocalTriton(repository, derived=tmp_path / "derived", install=install, log_file=tmp_path / "log")
-    with pytest.raises(TritonLocalError, match=r"exited by itself: signal SIGKILL; last lines of "):
+    crashed = r"exited by itself: signal SIGKILL; /dev/shm: \d+ of \d+ MiB in use; last lines of "
+    with pytest.raises(TritonLocalError, match=crashed):
         crash_while_in_use(server)
 
     # What failed next in the body (a client that found no server) carries the crash as a note.
