@@ -1,5 +1,5 @@
 """The KServe SDK tests both backends run: each test file imports these fixtures and tests, and its directory's
-conftest supplies ``gateway`` (embedded, or in front of the session's Triton) and ``reference``."""
+conftest supplies ``gateway`` (embedded, or in front of the package's Triton) and ``reference``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """How ``make pytest`` shares the suite between pytest-xdist's workers (``-n 4 --dist loadgroup``; the conftest
 hook hands xdist this scheduler). A group is what one worker runs from start to end:
 
-- the files of ``SHARED``, whose tests share a session's local Triton: one worker starts it once;
+- the files of ``SHARED``, whose tests share tests/triton/conftest.py's local Triton: one worker starts it once, and
+  stops it as it moves on to other files (package scope: no idle server holds its stubs until the run ends);
 - every other test file: its module fixtures start their servers once.
 
 Groups go out longest first (``COST``, measured on the two-core machine), so that no worker is left with a long group
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
-SESSION_TRITON = "tests/triton/ (session Triton)"
+SHARED_TRITON = "tests/triton/ (shared Triton)"
 SHARED = dict.fromkeys(
     (
         "tests/triton/test_deadlines.py",
@@ -29,13 +30,13 @@ SHARED = dict.fromkeys(
         "tests/triton/test_shared_memory_triton.py",
         "tests/triton/test_triton_statistics.py",
     ),
-    SESSION_TRITON,
+    SHARED_TRITON,
 )
-"""Files whose tests use tests/triton/conftest.py's session Triton (``triton``, ``gateway``). A file left out of
-this list still passes: its worker starts a session Triton of its own (seconds of CPU more)."""
+"""Files whose tests use tests/triton/conftest.py's package Triton (``triton``, ``gateway``). A file left out of
+this list still passes: its worker starts that Triton for it (seconds of CPU more)."""
 
 COST = {
-    SESSION_TRITON: 60,
+    SHARED_TRITON: 60,
     "tests/deploy/test_base_install.py": 50,
     "tests/integration/test_zoo_serving.py": 45,
     "tests/triton/test_repository_api_triton.py": 37,

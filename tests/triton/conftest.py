@@ -1,5 +1,6 @@
 """Fixtures for the Triton backend tests: the example models (the session's export), a real local Triton (CPU,
-python backend) started empty in explicit mode, and the gateway with ``backend="triton"`` in front of it.
+python backend) started empty in explicit mode, and the gateway with ``backend="triton"`` in front of it (both for
+the package's tests in one test process).
 
 Without a local Triton install (``make install``) these tests are skipped, except under ``CI``.
 """
@@ -36,14 +37,16 @@ def reference(repository: Path) -> Reference:
     return onnx_reference(repository)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def triton(install: TritonInstall, repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
-    """Started empty (explicit mode, nothing loaded): the gateway's backend loads what the policies select."""
+    """Started empty (explicit mode, nothing loaded): the gateway's backend loads what the policies select. Package
+    scope: the test process that runs this package's shared-server files (tests/xdist_groups.py) stops it once it
+    moves on to other tests, not at the end of the run (its python stubs hold processes and /dev/shm regions)."""
     with local_triton(repository, tmp_path_factory.mktemp("triton"), install) as server:
         yield server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def gateway(triton: LocalTriton, repository: Path) -> Iterator[RunningGateway]:
     started = time.monotonic()
     with local_gateway(gateway_settings(triton.grpc_url, repository)) as running:

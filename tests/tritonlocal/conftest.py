@@ -30,9 +30,11 @@ def repository(example_repository: Path) -> Path:
     return example_repository
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def triton(install: TritonInstall, repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
-    """One server for the session with every model loaded (all versions) over gRPC."""
+    """One server for this package's tests in a test process, with every model loaded (all versions) over gRPC. Package
+    scope: it stops once the process moves on to other tests, not at the end of the run (its python stubs hold a
+    dozen processes and their /dev/shm regions)."""
     work = tmp_path_factory.mktemp("triton")
     server = LocalTriton(repository, derived=work / "derived", install=install, log_file=work / "tritonserver.log")
     started = time.monotonic()
