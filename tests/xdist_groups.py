@@ -6,12 +6,14 @@ hook hands xdist this scheduler). A group is what one worker runs from start to 
 - every other test file: its module fixtures start their servers once.
 
 Groups go out longest first (``COST``, measured on the two-core machine), so that no worker is left with a long group
-at the end while the other one idles; the rest follow in collection order. The ``xdist_group`` marker is not used:
+at the end while the other one idles; the rest follow in collection order. Groups that start a local Triton take
+turns with the others, so that about two Tritons run at once rather than four. The ``xdist_group`` marker is not used:
 with pytest 9 xdist cannot put it into the test ids its own loadgroup scheduler splits on."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import zip_longest
 
 import pytest
 from xdist.scheduler import LoadScopeScheduling
@@ -102,10 +104,27 @@ def group_of(nodeid: str) -> str:
     return SHARED.get(path, path)
 
 
+TRITON_PATHS = ("tests/triton/", "tests/tritonlocal/", "tests/tls/test_triton_tls.py")
+"""Where the groups that start a local Triton live: each holds a dozen python-backend stubs, their /dev/shm regions
+and their CPU while it runs."""
+
+
+def starts_triton(group: str) -> bool:
+    return group == SHARED_TRITON or group.startswith(TRITON_PATHS)
+
+
 def longest_first(items: Sequence[pytest.Item]) -> list[pytest.Item]:
-    """``items`` by their group's cost, longest first; stable otherwise (a worker's collection order, the same on
-    every worker, is the order the groups go out in)."""
-    return sorted(items, key=lambda item: -COST.get(group_of(item.nodeid), 0))
+    """``items`` by their group's cost, longest first, the groups that start a local Triton taking turns with the
+    others (one of each, then the next of each): the four workers start two Tritons at once, not four, and
+    later on mostly stay near that (the longest groups of both kinds still go out first). Stable otherwise (a
+    worker's collection order, the same on every worker, is the order the groups go out in)."""
+    groups = list(dict.fromkeys(group_of(item.nodeid) for item in items))
+    groups.sort(key=lambda group: -COST.get(group, 0))
+    tritons = [group for group in groups if starts_triton(group)]
+    others = [group for group in groups if not starts_triton(group)]
+    turns = [group for pair in zip_longest(tritons, others) for group in pair if group is not None]
+    rank = {group: index for index, group in enumerate(turns)}
+    return sorted(items, key=lambda item: rank[group_of(item.nodeid)])
 
 
 class SharedServerScheduling(LoadScopeScheduling):

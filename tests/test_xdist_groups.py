@@ -1,0 +1,42 @@
+"""The order in which ``make pytest`` hands its test groups to the workers (tests/xdist_groups.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tests.xdist_groups import SHARED_TRITON, group_of, longest_first
+
+
+@dataclass
+class _Item:
+    nodeid: str
+
+
+def test_groups_go_out_longest_first_with_triton_groups_taking_turns_with_the_others() -> None:
+    items = [
+        _Item("tests/gateway/test_small.py::test_a"),  # no cost recorded: last of its kind
+        _Item("tests/integration/test_ops_console.py::test_a"),
+        _Item("tests/triton/test_serving.py::test_a"),  # the shared-Triton group
+        _Item("tests/triton/test_tune_triton.py::test_a"),
+        _Item("tests/triton/test_serving.py::test_b"),
+        _Item("tests/integration/test_tune_embedded.py::test_a"),
+        _Item("tests/tritonlocal/test_lifecycle.py::test_a"),
+    ]
+    ordered = [group_of(item.nodeid) for item in longest_first(items)]  # type: ignore[arg-type]
+    assert list(dict.fromkeys(ordered)) == [
+        SHARED_TRITON,
+        "tests/integration/test_ops_console.py",
+        "tests/triton/test_tune_triton.py",
+        "tests/integration/test_tune_embedded.py",
+        "tests/tritonlocal/test_lifecycle.py",
+        "tests/gateway/test_small.py",
+    ]
+    # A group's tests stay together, in collection order.
+    assert [item.nodeid for item in longest_first(items)][:2] == [  # type: ignore[arg-type]
+        "tests/triton/test_serving.py::test_a",
+        "tests/triton/test_serving.py::test_b",
+    ]
+
+
+def test_no_items_is_no_order() -> None:
+    assert longest_first([]) == []
