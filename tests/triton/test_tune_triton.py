@@ -114,8 +114,11 @@ def test_tune_in_place_puts_serving_config_back_when_run_ends(
         finally:
             stop.set()
             watcher.join()
-        assert result.exit_code == 0, result.output
         run = json.loads(result.stdout)
+        # What this test is about is the end of the run, found or not: on a loaded machine the small budget can end
+        # before a setting was measured at every concurrency (seen once in CI), and the config must come back then too.
+        assert result.exit_code == 0 or "budget measured no setting" in run["error"], result.output
+        assert run["serving_config"] == {"restored": True}
         assert run["options"]["in_place"] is True
         assert all(m["requests"] > 0 for t in run["trials"] for m in t["measurements"])
         # The trials ran as the serving model's own config (nothing loaded beside it), then it was put back.
