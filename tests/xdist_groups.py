@@ -3,6 +3,7 @@ hook hands xdist this scheduler). A group is what one worker runs from start to 
 
 - the files of ``SHARED``, whose tests share tests/triton/conftest.py's local Triton: one worker starts it once, and
   stops it as it moves on to other files (package scope: no idle server holds its stubs until the run ends);
+- the files of ``SERIAL``, the tuning runs, which must not run beside each other;
 - every other test file: its module fixtures start their servers once.
 
 Groups go out longest first (``COST``, measured on the two-core machine), so that no worker is left with a long group
@@ -37,8 +38,14 @@ SHARED = dict.fromkeys(
 """Files whose tests use tests/triton/conftest.py's package Triton (``triton``, ``gateway``). A file left out of
 this list still passes: its worker starts that Triton for it (seconds of CPU more)."""
 
+TUNERS = "tests/ tuning runs (one at a time)"
+SERIAL = dict.fromkeys(("tests/integration/test_tune_embedded.py", "tests/triton/test_tune_triton.py"), TUNERS)
+"""Files whose tests time a tuning run against a budget and a latency target: run side by side, each one's load
+generator slowed the other's trials past its budget (seen twice), so one worker runs them one after the other."""
+
 COST = {
     SHARED_TRITON: 60,
+    TUNERS: 91,
     "tests/deploy/test_base_install.py": 50,
     "tests/integration/test_zoo_serving.py": 45,
     "tests/triton/test_repository_api_triton.py": 37,
@@ -63,7 +70,6 @@ COST = {
     "tests/tritonlocal/test_server.py": 15,
     "tests/triton/test_model_cache_triton.py": 14,
     "tests/exporter/test_export_log.py": 16,
-    "tests/integration/test_tune_embedded.py": 51,
     "tests/exporter/test_control_flow.py": 12,
     "tests/exporter/test_repeated_exports.py": 12,
     "tests/triton/test_bytes_triton.py": 12,
@@ -88,7 +94,6 @@ COST = {
     "tests/integration/test_traffic_cli.py": 5,
     "tests/integration/test_inference_log_sinks.py": 4,
     "tests/tls/test_triton_tls.py": 4,
-    "tests/triton/test_tune_triton.py": 40,
     "tests/integration/test_ops_console_trouble.py": 31,
     "tests/integration/test_workers_failures.py": 26,
     "tests/deploy/test_prometheus_alerts.py": 13,
@@ -101,7 +106,7 @@ by file on 2026-12-05, again that evening); groups not named here take about 8 s
 
 def group_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
-    return SHARED.get(path, path)
+    return SHARED.get(path) or SERIAL.get(path, path)
 
 
 TRITON_PATHS = ("tests/triton/", "tests/tritonlocal/", "tests/tls/test_triton_tls.py")
@@ -110,7 +115,7 @@ and their CPU while it runs."""
 
 
 def starts_triton(group: str) -> bool:
-    return group == SHARED_TRITON or group.startswith(TRITON_PATHS)
+    return group in (SHARED_TRITON, TUNERS) or group.startswith(TRITON_PATHS)
 
 
 def longest_first(items: Sequence[pytest.Item]) -> list[pytest.Item]:
