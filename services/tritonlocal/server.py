@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from services.exits import describe_exit
 from services.modelrepo.config import select_versions
 from services.tritonlocal.control import run_control
 from services.tritonlocal.derive import DerivedRepository, build_derived_repository
@@ -44,16 +45,6 @@ __all__ = ["LocalTriton", "TritonGrpcTls", "TritonPorts", "free_port"]
 _POLL_S = 0.1
 _WATCHDOG = Path(__file__).with_name("watchdog.py")
 _LOG_TAIL_LINES = 30
-
-
-def describe_exit(code: int) -> str:
-    """A process's return code in words: ``exit code 1``, ``signal SIGSEGV`` (Popen gives a signal as -N)."""
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"signal {signal.Signals(-code).name}"
-    except ValueError:
-        return f"signal {-code}"
 
 
 # Loopback traffic must never go through an http_proxy from the environment.

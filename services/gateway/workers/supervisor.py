@@ -24,6 +24,7 @@ from types import FrameType
 
 import httpx
 
+from services.exits import describe_exit
 from services.gateway.server import PortUnavailable, check_ports, listeners
 from services.gateway.settings import Settings
 from services.gateway.shaping.node_share import NodeShare
@@ -276,9 +277,7 @@ def _how(process: BaseProcess) -> str:
     code = process.exitcode
     if code is None:
         return "no exit status yet"
-    if code < 0:
-        return f"signal {signal.Signals(-code).name}"
-    return f"exit status {code}"
+    return describe_exit(code)
 
 
 def supervise(settings: Settings, config_transform: ConfigTransform | None = None) -> int:
