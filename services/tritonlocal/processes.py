@@ -75,8 +75,6 @@ live: set[subprocess.Popen[bytes]] = set()
 STUB_REGION_PREFIX = "triton_python_backend_shm_region_"
 """How the python backend names the shared-memory region it gives each stub (under /dev/shm)."""
 SHM_ROOT = Path("/dev/shm")
-
-
 SHM_NEARLY_FULL_BYTES = 16 * 2**20
 """Free space under which /dev/shm is named as a likely cause of a crash: the regions of a few stubs."""
 
