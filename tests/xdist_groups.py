@@ -45,7 +45,7 @@ generator slowed the other's trials past its budget (seen twice), so one worker 
 
 COST = {
     SHARED_TRITON: 60,
-    TUNERS: 91,
+    TUNERS: 97,
     "tests/deploy/test_base_install.py": 50,
     "tests/integration/test_zoo_serving.py": 45,
     "tests/triton/test_repository_api_triton.py": 37,

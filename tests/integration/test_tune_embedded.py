@@ -36,6 +36,7 @@ from tests.tuning_support import (
     HEADERS,
     NO_ENVIRONMENT,
     QUICK,
+    QUICK_BUDGET_S,
     TOKEN,
     LeakWatch,
     admin_settings,
@@ -61,7 +62,7 @@ def test_tune_writes_winner_meeting_slo_when_search_runs_on_embedded_backend(rep
     assert result.exit_code == 0, result.output
     run = json.loads(result.stdout)
     assert run["status"] == "succeeded"
-    assert run["duration_s"] <= 10 + 3  # the budget, plus the last unload and the write
+    assert run["duration_s"] <= QUICK_BUDGET_S + 3  # the budget, plus the last unload and the write
     # The curve was measured first, at every power of two up to the model's max batch size.
     assert list(run["curve"]["latency_ms"]) == ["1", "2", "4", "8", "16", "32"]
     assert run["space"]["instances"] == list(range(1, len(os.sched_getaffinity(0)) + 1))
